@@ -1,0 +1,187 @@
+#include "coordinator.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "reduce.h"
+
+namespace hvd {
+
+Coordinator::Coordinator(int size, size_t fusion_threshold, size_t cache_capacity)
+    : size_(size), fusion_threshold_(fusion_threshold), cache_(cache_capacity) {}
+
+std::string Coordinator::add(Arrival arrival) {
+  if (arrival.cache_id >= 0) {
+    const auto* slot = cache_.find(arrival.cache_id);
+    if (slot == nullptr) {
+      return "internal: rank " + std::to_string(arrival.rank) + " named unknown cache slot " +
+             std::to_string(arrival.cache_id);
+    }
+    arrival.request = (*slot)[arrival.rank];
+  }
+  const std::string name = arrival.request.name;
+  Pending& p = table_[name];
+  if (p.count == 0) {
+    p.by_rank.resize(size_);
+    p.arrived.assign(size_, false);
+    p.first_arrival = std::chrono::steady_clock::now();
+  }
+  if (p.arrived[arrival.rank]) {
+    return "an operation named '" + name + "' is already in flight on rank " +
+           std::to_string(arrival.rank);
+  }
+  p.arrived[arrival.rank] = true;
+  p.by_rank[arrival.rank] = std::move(arrival);
+  if (++p.count == size_) ready_.push_back(name);
+  return "";
+}
+
+std::vector<Response> Coordinator::takeReady() {
+  std::vector<ReadyOp> ops;
+  ops.reserve(ready_.size());
+  for (const auto& name : ready_) {
+    auto it = table_.find(name);
+    ops.push_back(negotiate(name, it->second));
+    table_.erase(it);
+  }
+  ready_.clear();
+  return planFusion(std::move(ops), fusion_threshold_);
+}
+
+ReadyOp Coordinator::negotiate(const std::string& name, Pending& p) {
+  ReadyOp op;
+  Response& r = op.response;
+  r.names = {name};
+  std::vector<Request> reqs;
+  reqs.reserve(size_);
+  bool all_same_slot = true;
+  for (const auto& a : p.by_rank) {
+    reqs.push_back(a.request);
+    all_same_slot = all_same_slot && a.cache_id >= 0 && a.cache_id == p.by_rank[0].cache_id;
+  }
+  op.request = reqs[0];
+  r.type = reqs[0].type;
+
+  // A slot every rank named was validated when it was created: skip the checks.
+  std::string error = all_same_slot ? "" : validate(reqs);
+  if (!error.empty()) {
+    r.kind = Response::kError;
+    r.error = error;
+    r.cache_ids = {-1};
+    return op;
+  }
+  r.cache_ids = {all_same_slot ? p.by_rank[0].cache_id : cache_.insert(reqs)};
+
+  if (r.type == OpType::kAllgather) {
+    std::vector<int64_t> dims;
+    for (const auto& q : reqs) dims.push_back(q.shape.empty() ? 1 : q.shape[0]);
+    r.first_dims = {dims};
+  }
+  bool all_inline = r.type == OpType::kAllreduce;
+  for (const auto& a : p.by_rank) all_inline = all_inline && a.has_inline;
+  if (r.type == OpType::kBarrier) {
+    r.kind = Response::kDone;
+  } else if (all_inline) {
+    // Small allreduces finish here: one round trip to the coordinator
+    // instead of a negotiation plus a collective.
+    r.inline_result = reduceInline(reqs, p.by_rank);
+    r.kind = Response::kInline;
+  }
+  return op;
+}
+
+namespace {
+
+template <typename Fn>
+std::string describe(const std::vector<Request>& reqs, Fn value) {
+  std::ostringstream os;
+  for (size_t i = 0; i < reqs.size(); ++i) os << (i ? ", " : "") << "rank " << i << " " << value(reqs[i]);
+  return os.str();
+}
+
+}  // namespace
+
+std::string Coordinator::validate(const std::vector<Request>& reqs) const {
+  const Request& a = reqs[0];
+  const std::string what = std::string(opTypeName(a.type)) + " '" + a.name + "'";
+  auto mismatch = [&](const char* field, auto value) {
+    return what + ": mismatched " + field + " across ranks: " + describe(reqs, value);
+  };
+  for (const auto& q : reqs) {
+    if (q.type != a.type) return "mismatched operations for tensor '" + a.name + "': " +
+                                 describe(reqs, [](const Request& x) { return opTypeName(x.type); });
+  }
+  for (const auto& q : reqs) {
+    if (q.dtype != a.dtype) return mismatch("dtypes", [](const Request& x) { return dataTypeName(x.dtype); });
+  }
+  for (const auto& q : reqs) {
+    if (q.process_set != a.process_set)
+      return mismatch("process sets", [](const Request& x) { return x.process_set; });
+  }
+  auto shape = [](const Request& x) { return x.shapeString(); };
+  if (a.type == OpType::kAllgather) {
+    for (const auto& q : reqs) {
+      bool same_rows = q.shape.size() == a.shape.size() &&
+                       std::equal(q.shape.begin() + (q.shape.empty() ? 0 : 1), q.shape.end(),
+                                  a.shape.begin() + (a.shape.empty() ? 0 : 1));
+      if (!same_rows)
+        return mismatch("shapes (all dimensions but the first must match)", shape);
+    }
+  } else if (a.type != OpType::kBarrier) {
+    for (const auto& q : reqs) {
+      if (q.shape != a.shape) return mismatch("shapes", shape);
+    }
+  }
+  if (a.type == OpType::kAllreduce) {
+    for (const auto& q : reqs) {
+      if (q.reduce_op != a.reduce_op)
+        return mismatch("reduce ops", [](const Request& x) { return reduceOpName(x.reduce_op); });
+      if (q.prescale != a.prescale)
+        return mismatch("prescale factors", [](const Request& x) { return x.prescale; });
+      if (q.postscale != a.postscale)
+        return mismatch("postscale factors", [](const Request& x) { return x.postscale; });
+    }
+  }
+  if (a.type == OpType::kBroadcast) {
+    for (const auto& q : reqs) {
+      if (q.root_rank != a.root_rank)
+        return mismatch("root ranks", [](const Request& x) { return x.root_rank; });
+    }
+  }
+  return "";
+}
+
+std::string Coordinator::reduceInline(const std::vector<Request>& reqs,
+                                      std::vector<Arrival>& arrivals) const {
+  const Request& q = reqs[0];
+  const size_t n = static_cast<size_t>(q.numElements());
+  const size_t bytes = q.numBytes();
+  std::string acc = std::move(arrivals[0].inline_data);
+  acc.resize(bytes);
+  ReduceFn fn = reduceFunction(q.dtype, q.reduce_op);
+  scaleBuffer(&acc[0], n, q.dtype, q.prescale);
+  std::string tmp;
+  for (int r = 1; r < size_; ++r) {
+    tmp = std::move(arrivals[r].inline_data);
+    tmp.resize(bytes);
+    scaleBuffer(&tmp[0], n, q.dtype, q.prescale);
+    fn(&acc[0], acc.data(), tmp.data(), n);
+  }
+  if (q.reduce_op == ReduceOp::kAverage) divideBuffer(&acc[0], n, q.dtype, size_);
+  scaleBuffer(&acc[0], n, q.dtype, q.postscale);
+  return acc;
+}
+
+std::vector<Coordinator::Waiting> Coordinator::waiting() const {
+  std::vector<Waiting> out;
+  auto now = std::chrono::steady_clock::now();
+  for (const auto& [name, p] : table_) {
+    Waiting w{name, {}, now - p.first_arrival};
+    for (int r = 0; r < size_; ++r)
+      if (!p.arrived[r]) w.missing_ranks.push_back(r);
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+}  // namespace hvd

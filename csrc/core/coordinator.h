@@ -1,0 +1,71 @@
+// Negotiation on rank 0: collects every rank's requests by name, and once all
+// ranks have submitted a name, validates that they agree and emits the
+// response (execute, inline result, done, or an error naming each rank's
+// value). Ranks may submit names in different orders; the coordinator's
+// emission order is the one order every rank executes in.
+//
+// Threading: used only by the engine's background thread on rank 0.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "fusion.h"
+#include "message.h"
+#include "response_cache.h"
+
+namespace hvd {
+
+struct Arrival {
+  int rank = 0;
+  Request request;         // valid when cache_id < 0
+  int32_t cache_id = -1;   // >= 0: "my request is slot cache_id"
+  bool has_inline = false; // the rank sent its allreduce data with the request
+  std::string inline_data;
+};
+
+class Coordinator {
+ public:
+  Coordinator(int size, size_t fusion_threshold, size_t cache_capacity);
+
+  // Returns an error message when the arrival itself is invalid (unknown slot,
+  // a name this rank already has in flight); the caller fails that rank's op.
+  std::string add(Arrival arrival);
+
+  // Responses for everything that became ready since the last call, fused.
+  std::vector<Response> takeReady();
+
+  // Names some ranks submitted and others have not, with the ranks missing
+  // and how long the first rank has waited (stall reporting).
+  struct Waiting {
+    std::string name;
+    std::vector<int> missing_ranks;
+    std::chrono::steady_clock::duration waited;
+  };
+  std::vector<Waiting> waiting() const;
+
+  size_t cacheSize() const { return cache_.size(); }
+
+ private:
+  struct Pending {
+    std::vector<Arrival> by_rank;
+    std::vector<bool> arrived;
+    int count = 0;
+    std::chrono::steady_clock::time_point first_arrival;
+  };
+
+  ReadyOp negotiate(const std::string& name, Pending& pending);
+  std::string validate(const std::vector<Request>& reqs) const;
+  std::string reduceInline(const std::vector<Request>& reqs, std::vector<Arrival>& arrivals) const;
+
+  int size_;
+  size_t fusion_threshold_;
+  CoordinatorCache cache_;
+  std::unordered_map<std::string, Pending> table_;
+  std::vector<std::string> ready_;  // names in the order they completed
+};
+
+}  // namespace hvd

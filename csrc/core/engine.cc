@@ -1,0 +1,458 @@
+#include "engine.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace hvd {
+
+namespace {
+
+// Control frame kinds. Ranks -> coordinator:
+constexpr uint8_t kRequests = 0;  // u32 n, n x (u8 cached, i32 slot | Request, u8 inline, bytes)
+constexpr uint8_t kBye = 1;       // the rank called shutdown()
+// Coordinator -> ranks:
+constexpr uint8_t kResponses = 0;  // u32 n, n x Response
+constexpr uint8_t kAbort = 1;      // str reason: a rank is gone, fail everything
+constexpr uint8_t kWelcome = 2;    // every rank has connected
+
+std::string joinRanks(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  os << "]";
+  return os.str();
+}
+
+}  // namespace
+
+Engine::Engine(const Topology& topology, const EngineConfig& config)
+    : topology_(topology), config_(config) {}
+
+std::shared_ptr<Engine> Engine::start(const Topology& topology, const EngineConfig& config,
+                                      const BackendFactory& make_backend, uint64_t generation) {
+  std::shared_ptr<Engine> engine(new Engine(topology, config));
+  engine->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (engine->wake_fd_ < 0) throw std::runtime_error("eventfd failed");
+  engine->connect(make_backend, generation);
+  engine->thread_ = std::thread([e = engine.get()] { e->loop(); });
+  return engine;
+}
+
+Engine::~Engine() {
+  shutdown();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void Engine::connect(const BackendFactory& make_backend, uint64_t generation) {
+  if (topology_.rank == 0) {
+    coordinator_ = std::make_unique<Coordinator>(topology_.size, config_.fusion_threshold,
+                                                 config_.cache_capacity);
+  }
+  if (topology_.size > 1) {
+    if (config_.store_host.empty()) {
+      throw std::runtime_error(
+          "HOROVOD_SIZE=" + std::to_string(topology_.size) +
+          " but no rendezvous store is set (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT): start the job "
+          "with hvdrun, or set the variables a launcher sets");
+    }
+    store_ = std::make_unique<StoreClient>(config_.store_host, config_.store_port, config_.secret,
+                                           config_.start_timeout);
+    const std::string prefix = "hvd/g" + std::to_string(generation) + "/";
+    store_->set(prefix + "arrived/" + std::to_string(topology_.rank), config_.hostname);
+    if (topology_.rank == 0) {
+      connectCoordinator(prefix);
+    } else {
+      connectWorker(prefix);
+    }
+    backend_ = make_backend(topology_, config_, *store_, prefix + "data/");
+  }
+  executor_ = Executor(backend_.get(), topology_.size);
+}
+
+std::string Engine::missingRanksMessage(const std::string& prefix, const char* what) {
+  std::vector<int> missing;
+  try {
+    auto keys = store_->listKeys(prefix + "arrived/");
+    for (int r = 0; r < topology_.size; ++r) {
+      const std::string key = prefix + "arrived/" + std::to_string(r);
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) missing.push_back(r);
+    }
+  } catch (const std::exception&) {
+  }
+  std::ostringstream os;
+  os << "hvd_torch rendezvous failed on rank " << topology_.rank << ": " << what << " within "
+     << config_.start_timeout.count() / 1000 << " s (HOROVOD_START_TIMEOUT); store "
+     << config_.store_host << ":" << config_.store_port << "; ranks that never arrived: "
+     << joinRanks(missing);
+  return os.str();
+}
+
+void Engine::connectCoordinator(const std::string& prefix) {
+  const auto deadline = std::chrono::steady_clock::now() + config_.start_timeout;
+  // One host: loopback only. Several: listen everywhere, advertise our name.
+  const bool one_host = topology_.cross_size == 1;
+  int port = 0;
+  int listen_fd = listenTcp(one_host ? "127.0.0.1" : "0.0.0.0", &port);
+  store_->set(prefix + "control",
+              (one_host ? std::string("127.0.0.1") : config_.hostname) + ":" + std::to_string(port));
+  workers_.resize(topology_.size);
+  int connected = 0;
+  while (connected < topology_.size - 1) {
+    int fd = acceptTcp(listen_fd, deadline);
+    if (fd < 0) {
+      ::close(listen_fd);
+      std::vector<int> missing;
+      for (int r = 1; r < topology_.size; ++r)
+        if (!workers_[r]) missing.push_back(r);
+      throw std::runtime_error(missingRanksMessage(prefix, "not every rank connected") +
+                               "; ranks not connected to the coordinator: " + joinRanks(missing));
+    }
+    auto sock = std::make_unique<FrameSocket>(fd);
+    std::string hello;
+    if (!sock->readOne(hello, deadline)) continue;
+    try {
+      Reader r(hello);
+      uint32_t rank = r.get<uint32_t>();
+      std::string secret = r.getString();
+      // A stranger (wrong secret, bad rank) is dropped; the others go on.
+      if (secret != config_.secret || rank == 0 || rank >= static_cast<uint32_t>(topology_.size) ||
+          workers_[rank]) {
+        continue;
+      }
+      workers_[rank] = std::move(sock);
+      ++connected;
+    } catch (const WireError&) {
+      continue;
+    }
+  }
+  ::close(listen_fd);
+  Writer w;
+  w.put<uint8_t>(kWelcome);
+  for (int r = 1; r < topology_.size; ++r) {
+    workers_[r]->send(w.buffer());
+    workers_[r]->flushBlocking(config_.start_timeout);
+  }
+}
+
+void Engine::connectWorker(const std::string& prefix) {
+  const auto deadline = std::chrono::steady_clock::now() + config_.start_timeout;
+  std::string address;
+  try {
+    address = store_->get(prefix + "control", config_.start_timeout);
+  } catch (const StoreTimeout&) {
+    throw std::runtime_error(missingRanksMessage(prefix, "rank 0 did not publish its address"));
+  }
+  const size_t colon = address.rfind(':');
+  int fd = connectTcp(address.substr(0, colon), std::stoi(address.substr(colon + 1)), deadline);
+  if (fd < 0) {
+    throw std::runtime_error(missingRanksMessage(prefix, ("cannot reach rank 0 at " + address).c_str()));
+  }
+  to_coordinator_ = std::make_unique<FrameSocket>(fd);
+  Writer w;
+  w.put<uint32_t>(static_cast<uint32_t>(topology_.rank));
+  w.putString(config_.secret);
+  to_coordinator_->send(w.buffer());
+  to_coordinator_->flushBlocking(config_.start_timeout);
+  std::string welcome;
+  if (!to_coordinator_->readOne(welcome, deadline)) {
+    throw std::runtime_error(missingRanksMessage(prefix, "rank 0 did not see every rank"));
+  }
+}
+
+void Engine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  uint64_t one = 1;
+  if (::write(wake_fd_, &one, sizeof(one)) < 0) {
+  }
+  if (thread_.joinable()) thread_.join();
+  workers_.clear();
+  to_coordinator_.reset();
+  backend_.reset();
+  store_.reset();
+}
+
+std::shared_ptr<Work> Engine::enqueue(Entry entry) {
+  auto work = std::make_shared<Work>();
+  entry.work = work;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.ok()) {
+      work->complete(broken_);
+      return work;
+    }
+    if (stopping_) {
+      work->complete(Status::shutdown("hvd_torch has been shut down"));
+      return work;
+    }
+    queue_.push_back(std::move(entry));
+  }
+  uint64_t one = 1;
+  if (::write(wake_fd_, &one, sizeof(one)) < 0) {
+  }
+  return work;
+}
+
+void Engine::loop() {
+  std::vector<pollfd> fds;
+  while (true) {
+    fds.clear();
+    fds.push_back({wake_fd_, POLLIN, 0});
+    for (const auto& w : workers_)
+      if (w) fds.push_back({w->fd(), static_cast<short>(POLLIN | (w->wantsWrite() ? POLLOUT : 0)), 0});
+    if (to_coordinator_) {
+      fds.push_back({to_coordinator_->fd(),
+                     static_cast<short>(POLLIN | (to_coordinator_->wantsWrite() ? POLLOUT : 0)), 0});
+    }
+    if (::poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) {
+      fail(Status::peerFailure(std::string("poll failed: ") + std::strerror(errno)));
+      return;
+    }
+    uint64_t drained;
+    if (::read(wake_fd_, &drained, sizeof(drained)) < 0) {
+    }
+    bool stop;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop = stopping_;
+    }
+    if (stop) {
+      if (to_coordinator_) {
+        Writer w;
+        w.put<uint8_t>(kBye);
+        try {
+          to_coordinator_->send(w.buffer());
+          to_coordinator_->flushBlocking(std::chrono::milliseconds(1000));
+        } catch (const std::exception&) {
+        }
+      }
+      fail(Status::shutdown("hvd_torch was shut down before this operation completed"));
+      return;
+    }
+    try {
+      for (auto& w : workers_)
+        if (w) w->flush();
+      if (to_coordinator_) to_coordinator_->flush();
+      takeSubmissions();
+      if (coordinator_) {
+        readWorkers();
+      } else {
+        readCoordinator();
+      }
+    } catch (const std::exception& e) {
+      fail(Status::peerFailure(e.what()));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.ok()) return;
+  }
+}
+
+std::string Engine::encodeArrivals(const std::vector<Arrival>& arrivals) const {
+  Writer w;
+  w.put<uint8_t>(kRequests);
+  w.put<uint32_t>(static_cast<uint32_t>(arrivals.size()));
+  for (const auto& a : arrivals) {
+    w.put<uint8_t>(a.cache_id >= 0);
+    if (a.cache_id >= 0) {
+      w.put<int32_t>(a.cache_id);
+    } else {
+      a.request.encode(w);
+    }
+    w.put<uint8_t>(a.has_inline);
+    if (a.has_inline) w.putBytes(a.inline_data.data(), a.inline_data.size());
+  }
+  return std::move(w.buffer());
+}
+
+void Engine::takeSubmissions() {
+  std::deque<Entry> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(queue_);
+  }
+  if (fresh.empty()) return;
+  std::vector<Arrival> arrivals;
+  for (Entry& e : fresh) {
+    const std::string name = e.request.name;
+    if (pending_.count(name)) {
+      e.work->complete(Status::invalidArgument(
+          std::string(opTypeName(e.request.type)) + ": an operation named '" + name +
+          "' is already in flight on rank " + std::to_string(topology_.rank) +
+          "; wait for it (synchronize) before submitting the name again"));
+      continue;
+    }
+    Arrival a;
+    a.rank = topology_.rank;
+    a.cache_id = config_.cache_capacity > 0 ? rank_cache_.lookup(RankCache::key(e.request)) : -1;
+    a.request = e.request;
+    if (e.request.type == OpType::kAllreduce && topology_.size > 1 &&
+        e.request.numBytes() <= config_.inline_threshold) {
+      a.has_inline = true;
+      a.inline_data.assign(static_cast<const char*>(e.input), e.request.numBytes());
+    }
+    arrivals.push_back(std::move(a));
+    pending_.emplace(name, std::move(e));
+  }
+  if (coordinator_) {
+    for (auto& a : arrivals) {
+      std::string name = a.request.name;
+      std::string error = coordinator_->add(std::move(a));
+      if (!error.empty()) {
+        Response r;
+        r.kind = Response::kError;
+        r.names = {name};
+        r.cache_ids = {-1};
+        r.error = error;
+        run(r);
+      }
+    }
+    dispatch(coordinator_->takeReady());
+  } else if (!arrivals.empty()) {
+    to_coordinator_->send(encodeArrivals(arrivals));
+  }
+}
+
+void Engine::readWorkers() {
+  for (int rank = 1; rank < topology_.size; ++rank) {
+    std::vector<std::string> frames;
+    bool open = workers_[rank]->readAvailable(frames);
+    for (const auto& frame : frames) {
+      Reader r(frame);
+      uint8_t kind = r.get<uint8_t>();
+      if (kind == kBye) {
+        throw std::runtime_error("rank " + std::to_string(rank) +
+                                 " called shutdown(); collectives that need it cannot complete");
+      }
+      uint32_t n = r.get<uint32_t>();
+      for (uint32_t i = 0; i < n; ++i) {
+        Arrival a;
+        a.rank = rank;
+        if (r.get<uint8_t>()) {
+          a.cache_id = r.get<int32_t>();
+        } else {
+          a.request = Request::decode(r);
+        }
+        a.has_inline = r.get<uint8_t>() != 0;
+        if (a.has_inline) {
+          uint32_t len;
+          const char* p = r.getBytes(&len);
+          a.inline_data.assign(p, len);
+        }
+        std::string name = a.request.name;
+        std::string error = coordinator_->add(std::move(a));
+        if (!error.empty()) throw std::runtime_error("rank " + std::to_string(rank) + ": " + error);
+      }
+    }
+    if (!open) {
+      throw std::runtime_error("rank " + std::to_string(rank) +
+                               " exited or lost its connection to the coordinator (rank 0)");
+    }
+  }
+  dispatch(coordinator_->takeReady());
+}
+
+void Engine::readCoordinator() {
+  std::vector<std::string> frames;
+  bool open = to_coordinator_->readAvailable(frames);
+  for (const auto& frame : frames) {
+    Reader r(frame);
+    uint8_t kind = r.get<uint8_t>();
+    if (kind == kAbort) throw std::runtime_error(r.getString());
+    uint32_t n = r.get<uint32_t>();
+    for (uint32_t i = 0; i < n; ++i) run(Response::decode(r));
+  }
+  if (!open) {
+    throw std::runtime_error("lost the control connection to rank 0 (the coordinator): it exited, "
+                             "crashed or called shutdown()");
+  }
+}
+
+void Engine::dispatch(std::vector<Response> responses) {
+  if (responses.empty()) return;
+  Writer w;
+  w.put<uint8_t>(kResponses);
+  w.put<uint32_t>(static_cast<uint32_t>(responses.size()));
+  for (const auto& r : responses) r.encode(w);
+  for (int rank = 1; rank < topology_.size; ++rank) workers_[rank]->send(w.buffer());
+  for (const auto& r : responses) run(r);
+}
+
+void Engine::run(const Response& response) {
+  std::vector<Entry*> entries;
+  for (const auto& name : response.names) {
+    auto it = pending_.find(name);
+    if (it == pending_.end()) {
+      throw std::runtime_error("internal: response for '" + name + "' that rank " +
+                               std::to_string(topology_.rank) + " never submitted");
+    }
+    entries.push_back(&it->second);
+  }
+  Status status;
+  switch (response.kind) {
+    case Response::kError:
+      status = Status::invalidArgument(response.error);
+      break;
+    case Response::kInline:
+      std::memcpy(entries[0]->output, response.inline_result.data(), response.inline_result.size());
+      break;
+    case Response::kDone:
+      break;
+    case Response::kExecute:
+      try {
+        executor_.execute(response, entries);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(std::string(opTypeName(response.type)) + " '" + response.names[0] +
+                                 "' failed on rank " + std::to_string(topology_.rank) + ": " +
+                                 e.what());
+      }
+      break;
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry* e = entries[i];
+    if (status.ok() && i < response.cache_ids.size() && response.cache_ids[i] >= 0 &&
+        config_.cache_capacity > 0) {
+      rank_cache_.remember(RankCache::key(e->request), response.cache_ids[i]);
+    }
+    e->work->complete(status);
+    pending_.erase(response.names[i]);
+  }
+}
+
+void Engine::fail(const Status& status) {
+  std::deque<Entry> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.ok() && status.code == Status::kPeerFailure) broken_ = status;
+    queued.swap(queue_);
+  }
+  // Tell the others before going quiet, so they fail now instead of at a timeout.
+  if (coordinator_ && status.code == Status::kPeerFailure) {
+    Writer w;
+    w.put<uint8_t>(kAbort);
+    w.putString(status.message);
+    for (auto& sock : workers_) {
+      if (!sock) continue;
+      try {
+        sock->send(w.buffer());
+        sock->flushBlocking(std::chrono::milliseconds(1000));
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  for (auto& [name, e] : pending_) e.work->complete(status);
+  pending_.clear();
+  for (Entry& e : queued) e.work->complete(status);
+  workers_.clear();
+  to_coordinator_.reset();
+}
+
+}  // namespace hvd

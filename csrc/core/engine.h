@@ -1,0 +1,95 @@
+// The engine: one per process between init() and shutdown(). It owns the
+// background thread that negotiates submitted operations with the other ranks
+// and runs them on the backend.
+//
+// Control plane: a star of TCP connections to rank 0 (the coordinator). A rank
+// sends each new request (or its cache slot) to the coordinator as soon as it
+// is submitted; the coordinator answers with responses once every rank has
+// submitted a name. The background thread sleeps in poll() on an eventfd
+// (local submissions) and those sockets, so a lone op never waits for a timer.
+// Protocol and costs: docs/architecture.md.
+//
+// Threading: enqueue(), topology() and backendName() may be called from any
+// thread. shutdown() from any one thread, once. Everything else runs on the
+// background thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "backend.h"
+#include "coordinator.h"
+#include "entry.h"
+#include "executor.h"
+#include "frame_socket.h"
+#include "response_cache.h"
+#include "store_client.h"
+#include "topology.h"
+
+namespace hvd {
+
+class Engine {
+ public:
+  // Meets the other ranks and starts the background thread. `generation`
+  // counts init() calls in this process, so a re-init never reads the previous
+  // rendezvous' keys. Throws std::runtime_error naming the store address and
+  // the ranks that never arrived when the rendezvous fails.
+  static std::shared_ptr<Engine> start(const Topology& topology, const EngineConfig& config,
+                                       const BackendFactory& make_backend, uint64_t generation);
+  ~Engine();
+
+  // Fails what is still pending with a shutdown status and joins the thread.
+  void shutdown();
+
+  // Hands an operation to the background thread. Never blocks on the network.
+  std::shared_ptr<Work> enqueue(Entry entry);
+
+  const Topology& topology() const { return topology_; }
+  const char* backendName() const { return backend_ ? backend_->name() : "local"; }
+
+ private:
+  Engine(const Topology& topology, const EngineConfig& config);
+  void connect(const BackendFactory& make_backend, uint64_t generation);
+  void connectCoordinator(const std::string& prefix);
+  void connectWorker(const std::string& prefix);
+  std::string missingRanksMessage(const std::string& prefix, const char* what);
+
+  void loop();
+  void takeSubmissions();
+  void readWorkers();
+  void readCoordinator();
+  void dispatch(std::vector<Response> responses);
+  void run(const Response& response);
+  void fail(const Status& status);
+  std::string encodeArrivals(const std::vector<Arrival>& arrivals) const;
+
+  const Topology topology_;
+  const EngineConfig config_;
+  std::unique_ptr<StoreClient> store_;
+  std::unique_ptr<Backend> backend_;
+  Executor executor_{nullptr, 1};
+
+  // Submission queue: the only state shared with user threads.
+  std::mutex mu_;
+  std::deque<Entry> queue_;
+  bool stopping_ = false;
+  Status broken_;  // not ok once a peer failed: every later op fails with it
+  int wake_fd_ = -1;
+  std::thread thread_;
+
+  // Background thread state.
+  std::unordered_map<std::string, Entry> pending_;  // by name
+  RankCache rank_cache_;
+  std::unique_ptr<Coordinator> coordinator_;           // rank 0 only
+  std::vector<std::unique_ptr<FrameSocket>> workers_;  // rank 0: index = rank
+  std::unique_ptr<FrameSocket> to_coordinator_;        // other ranks
+};
+
+}  // namespace hvd

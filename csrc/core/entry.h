@@ -1,0 +1,25 @@
+// One submitted operation as the engine holds it until completion.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "message.h"
+#include "work.h"
+
+namespace hvd {
+
+struct Entry {
+  Request request;
+  const void* input = nullptr;
+  // Allreduce/broadcast: a buffer of the input's size; may alias `input`.
+  void* output = nullptr;
+  // Allgather: called on the background thread once the total first
+  // dimension is known; returns the output buffer (must stay valid).
+  std::function<void*(int64_t total_first_dim)> allocate;
+  std::shared_ptr<Work> work;
+  // Whatever owns input/output (tensors); released after completion.
+  std::shared_ptr<void> keep_alive;
+};
+
+}  // namespace hvd

@@ -1,0 +1,180 @@
+#include "frame_socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+namespace hvd {
+
+namespace {
+
+int msUntil(std::chrono::steady_clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return left.count() < 0 ? 0 : static_cast<int>(left.count());
+}
+
+void tune(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+bool resolve(const std::string& host, int port, sockaddr_storage* addr, socklen_t* len) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  std::memcpy(addr, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return true;
+}
+
+}  // namespace
+
+FrameSocket::FrameSocket(int fd) : fd_(fd) {
+  tune(fd_);
+  fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) | O_NONBLOCK);
+}
+
+FrameSocket::~FrameSocket() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void FrameSocket::send(const std::string& payload) {
+  uint32_t n = static_cast<uint32_t>(payload.size());
+  outbox_.append(reinterpret_cast<const char*>(&n), 4);
+  outbox_ += payload;
+  flush();
+}
+
+void FrameSocket::flush() {
+  size_t off = 0;
+  while (off < outbox_.size()) {
+    ssize_t w = ::send(fd_, outbox_.data() + off, outbox_.size() - off, MSG_NOSIGNAL);
+    if (w > 0) {
+      off += static_cast<size_t>(w);
+    } else if (w < 0 && errno == EINTR) {
+      continue;
+    } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      break;
+    } else {
+      throw std::runtime_error(std::string("control connection lost: ") + std::strerror(errno));
+    }
+  }
+  outbox_.erase(0, off);
+}
+
+void FrameSocket::flushBlocking(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  flush();
+  while (wantsWrite()) {
+    pollfd p{fd_, POLLOUT, 0};
+    int ms = msUntil(deadline);
+    if (ms == 0) throw std::runtime_error("control connection stalled while sending");
+    ::poll(&p, 1, ms);
+    flush();
+  }
+}
+
+bool FrameSocket::readAvailable(std::vector<std::string>& frames) {
+  bool open = true;
+  char buf[65536];
+  while (true) {
+    ssize_t r = ::recv(fd_, buf, sizeof(buf), 0);
+    if (r > 0) {
+      inbox_.append(buf, static_cast<size_t>(r));
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    open = false;  // 0 = orderly close, <0 = reset
+    break;
+  }
+  size_t off = 0;
+  while (inbox_.size() - off >= 4) {
+    uint32_t n;
+    std::memcpy(&n, inbox_.data() + off, 4);
+    if (inbox_.size() - off - 4 < n) break;
+    frames.emplace_back(inbox_, off + 4, n);
+    off += 4 + n;
+  }
+  inbox_.erase(0, off);
+  return open;
+}
+
+bool FrameSocket::readOne(std::string& frame, std::chrono::steady_clock::time_point deadline) {
+  std::vector<std::string> frames;
+  while (true) {
+    if (!readAvailable(frames) && frames.empty()) return false;
+    if (!frames.empty()) {
+      frame = std::move(frames[0]);
+      // Handshake frames come one at a time; anything after the first would
+      // be a protocol error, so it is dropped with the connection's state.
+      return true;
+    }
+    pollfd p{fd_, POLLIN, 0};
+    int ms = msUntil(deadline);
+    if (ms == 0 || ::poll(&p, 1, ms) == 0) return false;
+  }
+}
+
+int listenTcp(const std::string& host, int* port) {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  if (!resolve(host, *port, &addr, &len)) throw std::runtime_error("cannot resolve " + host);
+  int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 128) != 0) {
+    int e = errno;
+    ::close(fd);
+    throw std::runtime_error("cannot listen on " + host + ": " + std::strerror(e));
+  }
+  sockaddr_storage bound{};
+  socklen_t blen = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &blen);
+  *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return fd;
+}
+
+int connectTcp(const std::string& host, int port, std::chrono::steady_clock::time_point deadline) {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  while (true) {
+    if (resolve(host, port, &addr, &len)) {
+      int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0) return fd;
+      if (fd >= 0) ::close(fd);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int acceptTcp(int listen_fd, std::chrono::steady_clock::time_point deadline) {
+  while (true) {
+    pollfd p{listen_fd, POLLIN, 0};
+    int ms = msUntil(deadline);
+    int r = ::poll(&p, 1, ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) return fd;
+  }
+}
+
+}  // namespace hvd

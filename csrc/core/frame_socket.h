@@ -1,0 +1,50 @@
+// Length-prefixed frames over a TCP socket: the control plane between the
+// coordinator (rank 0) and every other rank. Reads never block and return
+// whole frames only. Sends queue and write what the socket takes: a rank must
+// never block in send() while its peer blocks in a collective that needs it.
+//
+// Threading: one thread (the engine's background thread) per socket.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace hvd {
+
+class FrameSocket {
+ public:
+  explicit FrameSocket(int fd);
+  ~FrameSocket();
+  FrameSocket(const FrameSocket&) = delete;
+  FrameSocket& operator=(const FrameSocket&) = delete;
+
+  int fd() const { return fd_; }
+  // Queues a frame and writes as much as the socket takes now.
+  // Throws std::runtime_error when the peer is gone.
+  void send(const std::string& payload);
+  // Writes queued bytes without blocking; throws when the peer is gone.
+  void flush();
+  bool wantsWrite() const { return !outbox_.empty(); }
+  // Blocks until everything queued is written (handshakes, last words).
+  void flushBlocking(std::chrono::milliseconds timeout);
+  // Appends every complete frame that has arrived. Returns false once the
+  // peer closed the connection or it failed (frames before that are kept).
+  bool readAvailable(std::vector<std::string>& frames);
+  // Blocks until one frame arrives or the deadline passes (handshakes only).
+  bool readOne(std::string& frame, std::chrono::steady_clock::time_point deadline);
+
+ private:
+  int fd_;
+  std::string inbox_;
+  std::string outbox_;
+};
+
+// Listening socket on `host` (port 0 = any free port).
+int listenTcp(const std::string& host, int* port);
+// Connects with retries until the deadline; returns -1 on failure.
+int connectTcp(const std::string& host, int port, std::chrono::steady_clock::time_point deadline);
+// Accepts one connection, waiting until the deadline; -1 on timeout.
+int acceptTcp(int listen_fd, std::chrono::steady_clock::time_point deadline);
+
+}  // namespace hvd

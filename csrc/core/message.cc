@@ -1,0 +1,97 @@
+#include "message.h"
+
+#include <sstream>
+
+namespace hvd {
+
+int64_t Request::numElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t Request::rowElements() const {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+std::string Request::shapeString() const {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+void Request::encode(Writer& w) const {
+  w.put<uint8_t>(static_cast<uint8_t>(type));
+  w.put<uint8_t>(static_cast<uint8_t>(dtype));
+  w.put<uint8_t>(static_cast<uint8_t>(reduce_op));
+  w.put<int32_t>(root_rank);
+  w.put<int32_t>(process_set);
+  w.put<double>(prescale);
+  w.put<double>(postscale);
+  w.putString(name);
+  w.put<uint32_t>(static_cast<uint32_t>(shape.size()));
+  for (int64_t d : shape) w.put<int64_t>(d);
+}
+
+Request Request::decode(Reader& r) {
+  Request q;
+  q.type = static_cast<OpType>(r.get<uint8_t>());
+  q.dtype = static_cast<DataType>(r.get<uint8_t>());
+  q.reduce_op = static_cast<ReduceOp>(r.get<uint8_t>());
+  q.root_rank = r.get<int32_t>();
+  q.process_set = r.get<int32_t>();
+  q.prescale = r.get<double>();
+  q.postscale = r.get<double>();
+  q.name = r.getString();
+  uint32_t dims = r.get<uint32_t>();
+  q.shape.resize(dims);
+  for (auto& d : q.shape) d = r.get<int64_t>();
+  return q;
+}
+
+bool Request::operator==(const Request& o) const {
+  return type == o.type && dtype == o.dtype && reduce_op == o.reduce_op &&
+         root_rank == o.root_rank && process_set == o.process_set &&
+         prescale == o.prescale && postscale == o.postscale && name == o.name &&
+         shape == o.shape;
+}
+
+void Response::encode(Writer& w) const {
+  w.put<uint8_t>(kind);
+  w.put<uint8_t>(static_cast<uint8_t>(type));
+  w.put<uint32_t>(static_cast<uint32_t>(names.size()));
+  for (const auto& n : names) w.putString(n);
+  w.put<uint32_t>(static_cast<uint32_t>(first_dims.size()));
+  for (const auto& dims : first_dims) {
+    w.put<uint32_t>(static_cast<uint32_t>(dims.size()));
+    for (int64_t d : dims) w.put<int64_t>(d);
+  }
+  w.put<uint32_t>(static_cast<uint32_t>(cache_ids.size()));
+  for (int32_t id : cache_ids) w.put<int32_t>(id);
+  w.putString(error);
+  w.putString(inline_result);
+}
+
+Response Response::decode(Reader& r) {
+  Response p;
+  p.kind = static_cast<Kind>(r.get<uint8_t>());
+  p.type = static_cast<OpType>(r.get<uint8_t>());
+  p.names.resize(r.get<uint32_t>());
+  for (auto& n : p.names) n = r.getString();
+  p.first_dims.resize(r.get<uint32_t>());
+  for (auto& dims : p.first_dims) {
+    dims.resize(r.get<uint32_t>());
+    for (auto& d : dims) d = r.get<int64_t>();
+  }
+  p.cache_ids.resize(r.get<uint32_t>());
+  for (auto& id : p.cache_ids) id = r.get<int32_t>();
+  p.error = r.getString();
+  p.inline_result = r.getString();
+  return p;
+}
+
+}  // namespace hvd

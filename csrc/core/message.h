@@ -1,0 +1,59 @@
+// What ranks tell the coordinator (Request) and what it answers (Response),
+// with their wire encoding. See docs/architecture.md, "Negotiation".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "types.h"
+#include "wire.h"
+
+namespace hvd {
+
+// One rank's description of one named collective.
+struct Request {
+  OpType type = OpType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kAverage;
+  int32_t root_rank = 0;
+  int32_t process_set = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::string name;
+  std::vector<int64_t> shape;
+
+  int64_t numElements() const;
+  size_t numBytes() const { return static_cast<size_t>(numElements()) * dataTypeSize(dtype); }
+  // Elements per first-dimension row (allgather concatenates rows).
+  int64_t rowElements() const;
+  std::string shapeString() const;
+
+  void encode(Writer& w) const;
+  static Request decode(Reader& r);
+  bool operator==(const Request& o) const;
+};
+
+// The coordinator's verdict for one or more names, executed in the order sent.
+struct Response {
+  enum Kind : uint8_t {
+    kExecute = 0,  // run `type` over `names` (more than one name = fused)
+    kInline = 1,   // allreduce done by the coordinator: `inline_result` holds the data
+    kError = 2,    // fail `names` with `error` (a caller's mistake, job goes on)
+    kDone = 3,     // nothing to move (barrier): complete `names`
+  };
+  Kind kind = kExecute;
+  OpType type = OpType::kAllreduce;
+  std::vector<std::string> names;
+  // Allgather: first dimension of each rank's tensor, per name (names x ranks).
+  std::vector<std::vector<int64_t>> first_dims;
+  // Cache slot the coordinator assigned to each name (-1 = not cached).
+  std::vector<int32_t> cache_ids;
+  std::string error;
+  std::string inline_result;
+
+  void encode(Writer& w) const;
+  static Response decode(Reader& r);
+};
+
+}  // namespace hvd

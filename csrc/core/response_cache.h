@@ -1,0 +1,48 @@
+// The response cache: steady-state steps repeat the same named operations,
+// so after the first negotiation a rank names an operation by a 4-byte slot id
+// instead of its full request, and the coordinator skips validation when every
+// rank names the same slot. Slots are assigned only by the coordinator and are
+// never reused, so a rank can never refer to a slot that changed meaning.
+//
+// Threading: both classes are used only by the engine's background thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "message.h"
+
+namespace hvd {
+
+// Coordinator side: slot id -> the request of every rank.
+class CoordinatorCache {
+ public:
+  explicit CoordinatorCache(size_t capacity) : capacity_(capacity) {}
+
+  // Returns the new slot, or -1 when the cache is full.
+  int32_t insert(std::vector<Request> per_rank);
+  // nullptr when `id` was never assigned.
+  const std::vector<Request>* find(int32_t id) const;
+  size_t size() const { return slots_.size(); }
+
+ private:
+  size_t capacity_;
+  std::vector<std::vector<Request>> slots_;
+};
+
+// Rank side: this rank's encoded request -> slot id.
+class RankCache {
+ public:
+  static std::string key(const Request& request);
+  // -1 when not cached.
+  int32_t lookup(const std::string& key) const;
+  void remember(const std::string& key, int32_t id) { slots_[key] = id; }
+  size_t size() const { return slots_.size(); }
+
+ private:
+  std::unordered_map<std::string, int32_t> slots_;
+};
+
+}  // namespace hvd

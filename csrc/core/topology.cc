@@ -1,0 +1,67 @@
+#include "topology.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace hvd {
+
+long envInt(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != '\0') {
+    throw std::invalid_argument(std::string("environment variable ") + name + "='" + v +
+                                "' is not an integer");
+  }
+  return x;
+}
+
+std::string envString(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return (v == nullptr || *v == '\0') ? fallback : std::string(v);
+}
+
+namespace {
+
+std::string hexDecode(const std::string& hex) {
+  if (hex.size() % 2 != 0) throw std::invalid_argument("HOROVOD_SECRET_KEY is not hex");
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  }
+  return out;
+}
+
+}  // namespace
+
+Topology Topology::fromEnvironment() {
+  Topology t;
+  t.rank = static_cast<int>(envInt("HOROVOD_RANK", 0));
+  t.size = static_cast<int>(envInt("HOROVOD_SIZE", 1));
+  t.local_rank = static_cast<int>(envInt("HOROVOD_LOCAL_RANK", t.rank));
+  t.local_size = static_cast<int>(envInt("HOROVOD_LOCAL_SIZE", t.size));
+  t.cross_rank = static_cast<int>(envInt("HOROVOD_CROSS_RANK", 0));
+  t.cross_size = static_cast<int>(envInt("HOROVOD_CROSS_SIZE", 1));
+  if (t.size < 1 || t.rank < 0 || t.rank >= t.size) {
+    throw std::invalid_argument("HOROVOD_RANK=" + std::to_string(t.rank) + " is not in [0, HOROVOD_SIZE=" +
+                                std::to_string(t.size) + ")");
+  }
+  return t;
+}
+
+EngineConfig EngineConfig::fromEnvironment() {
+  EngineConfig c;
+  c.store_host = envString("HOROVOD_GLOO_RENDEZVOUS_ADDR", "");
+  c.store_port = static_cast<int>(envInt("HOROVOD_GLOO_RENDEZVOUS_PORT", 0));
+  c.secret = hexDecode(envString("HOROVOD_SECRET_KEY", ""));
+  c.fusion_threshold = static_cast<size_t>(envInt("HOROVOD_FUSION_THRESHOLD", 64 << 20));
+  c.cache_capacity = static_cast<size_t>(envInt("HOROVOD_CACHE_CAPACITY", 1024));
+  c.inline_threshold = static_cast<size_t>(envInt("HVD_TORCH_INLINE_THRESHOLD", 16 << 10));
+  c.start_timeout = std::chrono::seconds(envInt("HOROVOD_START_TIMEOUT", 30));
+  c.op_timeout = std::chrono::seconds(envInt("HOROVOD_GLOO_TIMEOUT_SECONDS", 30));
+  c.hostname = envString("HOROVOD_HOSTNAME", "localhost");
+  return c;
+}
+
+}  // namespace hvd

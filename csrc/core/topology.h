@@ -1,0 +1,42 @@
+// Who this process is in the job, and the engine's settings, read from the
+// launcher's environment. Horovod's variable names are accepted so existing
+// launch scripts work unchanged.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace hvd {
+
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+
+  // Throws std::invalid_argument naming the variable when a value is malformed.
+  static Topology fromEnvironment();
+};
+
+struct EngineConfig {
+  std::string store_host;  // empty: no store (size 1 only)
+  int store_port = 0;
+  std::string secret;      // raw bytes
+  size_t fusion_threshold = 64 << 20;        // HOROVOD_FUSION_THRESHOLD
+  size_t cache_capacity = 1024;              // HOROVOD_CACHE_CAPACITY (0 disables)
+  size_t inline_threshold = 16 << 10;        // HVD_TORCH_INLINE_THRESHOLD
+  std::chrono::milliseconds start_timeout{30000};  // HOROVOD_START_TIMEOUT (s)
+  std::chrono::milliseconds op_timeout{30000};     // HOROVOD_GLOO_TIMEOUT_SECONDS
+  std::string hostname;                      // HOROVOD_HOSTNAME
+
+  static EngineConfig fromEnvironment();
+};
+
+// Environment lookups shared by both.
+long envInt(const char* name, long fallback);
+std::string envString(const char* name, const std::string& fallback);
+
+}  // namespace hvd

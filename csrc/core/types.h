@@ -1,0 +1,63 @@
+// Plain data the engine speaks in: dtypes, reduce ops, op kinds, status.
+// No torch here: the torch layer maps at::ScalarType onto DataType.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace hvd {
+
+// Values are part of the wire format (requests carry them): append only.
+enum class DataType : uint8_t {
+  kUInt8 = 0,
+  kInt8 = 1,
+  kInt16 = 2,
+  kInt32 = 3,
+  kInt64 = 4,
+  kFloat16 = 5,
+  kBFloat16 = 6,
+  kFloat32 = 7,
+  kFloat64 = 8,
+  kBool = 9,
+};
+
+// Horovod's numbering (horovod/common/message.h), so users' ints mean the same.
+enum class ReduceOp : uint8_t {
+  kAverage = 0,
+  kSum = 1,
+  kAdasum = 2,
+  kMin = 3,
+  kMax = 4,
+  kProduct = 5,
+};
+
+enum class OpType : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kBarrier = 3,
+};
+
+size_t dataTypeSize(DataType dtype);
+const char* dataTypeName(DataType dtype);
+const char* reduceOpName(ReduceOp op);
+const char* opTypeName(OpType op);
+bool isFloatingPoint(DataType dtype);
+
+// Outcome of an operation. kInvalidArgument is the caller's mistake (the job
+// can go on); kPeerFailure means a peer or the network is gone (re-init needed);
+// kShutdown means the engine stopped before the op ran.
+struct Status {
+  enum Code : uint8_t { kOk = 0, kInvalidArgument = 1, kPeerFailure = 2, kShutdown = 3 };
+  Code code = kOk;
+  std::string message;
+
+  bool ok() const { return code == kOk; }
+  static Status Ok() { return {}; }
+  static Status invalidArgument(std::string msg) { return {kInvalidArgument, std::move(msg)}; }
+  static Status peerFailure(std::string msg) { return {kPeerFailure, std::move(msg)}; }
+  static Status shutdown(std::string msg) { return {kShutdown, std::move(msg)}; }
+};
+
+}  // namespace hvd

@@ -1,0 +1,79 @@
+// Little-endian byte writer/reader for the engine's control messages.
+// A Reader that runs past the end throws WireError: a malformed frame from a
+// peer is an error to report, never undefined behaviour.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hvd {
+
+class WireError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Writer {
+ public:
+  template <typename T>
+  void put(T value) {
+    static_assert(std::is_trivially_copyable<T>::value, "plain values only");
+    append(&value, sizeof(T));
+  }
+  void putString(const std::string& s) {
+    put<uint32_t>(static_cast<uint32_t>(s.size()));
+    append(s.data(), s.size());
+  }
+  void putBytes(const void* data, size_t n) {
+    put<uint32_t>(static_cast<uint32_t>(n));
+    append(data, n);
+  }
+  void append(const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    buf_.insert(buf_.end(), p, p + n);
+  }
+  std::string& buffer() { return buf_; }
+  size_t size() const { return buf_.size(); }
+
+ private:
+  std::string buf_;
+};
+
+class Reader {
+ public:
+  Reader(const char* data, size_t size) : p_(data), end_(data + size) {}
+  explicit Reader(const std::string& s) : Reader(s.data(), s.size()) {}
+
+  template <typename T>
+  T get() {
+    T value;
+    std::memcpy(&value, take(sizeof(T)), sizeof(T));
+    return value;
+  }
+  std::string getString() {
+    uint32_t n = get<uint32_t>();
+    const char* p = take(n);
+    return std::string(p, n);
+  }
+  // Returns a pointer into the frame; valid while the frame lives.
+  const char* getBytes(uint32_t* n) {
+    *n = get<uint32_t>();
+    return take(*n);
+  }
+  bool done() const { return p_ == end_; }
+
+ private:
+  const char* take(size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) throw WireError("truncated control message");
+    const char* p = p_;
+    p_ += n;
+    return p;
+  }
+  const char* p_;
+  const char* end_;
+};
+
+}  // namespace hvd

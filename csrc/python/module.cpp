@@ -1,0 +1,66 @@
+// The hvd_torch._C module: lifecycle, topology and build facts. The
+// collectives themselves are torch ops (torch.ops.hvd_torch.*), not here.
+#include <torch/extension.h>
+
+#include "../backends/gloo/gloo_backend.h"
+#include "../core/engine_registry.h"
+#include "../torch/adapter.h"
+
+namespace {
+
+using hvd::currentEngine;
+
+hvd::Topology topology(const char* what) {
+  auto engine = currentEngine();
+  TORCH_CHECK(engine != nullptr, "hvd_torch.", what,
+              "() was called before hvd_torch.init(): call hvd.init() first");
+  return engine->topology();
+}
+
+void init() {
+  if (currentEngine() != nullptr) return;  // Horovod: a second init() is a no-op
+  hvd::Topology topo = hvd::Topology::fromEnvironment();
+  hvd::EngineConfig config = hvd::EngineConfig::fromEnvironment();
+  std::shared_ptr<hvd::Engine> engine;
+  {
+    pybind11::gil_scoped_release no_gil;  // the rendezvous waits on peers
+    engine = hvd::Engine::start(topo, config, hvd::makeGlooBackend, hvd::nextGeneration());
+  }
+  hvd::torch_layer::resetNameCounter();
+  hvd::installEngine(std::move(engine));
+}
+
+void shutdown() {
+  auto engine = hvd::removeEngine();
+  if (!engine) return;
+  pybind11::gil_scoped_release no_gil;
+  engine->shutdown();
+  hvd::torch_layer::clearHandles();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "hvd_torch engine lifecycle and topology";
+  m.def("init", &init, "Meets the other ranks and starts the engine.");
+  m.def("shutdown", &shutdown, "Stops the engine; pending operations fail.");
+  m.def("is_initialized", [] { return currentEngine() != nullptr; });
+  m.def("rank", [] { return topology("rank").rank; });
+  m.def("size", [] { return topology("size").size; });
+  m.def("local_rank", [] { return topology("local_rank").local_rank; });
+  m.def("local_size", [] { return topology("local_size").local_size; });
+  m.def("cross_rank", [] { return topology("cross_rank").cross_rank; });
+  m.def("cross_size", [] { return topology("cross_size").cross_size; });
+  m.def("backend_name", [] {
+    auto engine = currentEngine();
+    return std::string(engine ? engine->backendName() : "");
+  });
+  m.def("gloo_library_path", &hvd::glooLibraryPath);
+  m.def("gloo_built", [] { return true; });
+  m.def("nccl_built", [] { return false; });
+#ifdef HVD_TORCH_WITH_CUDA
+  m.def("cuda_built", [] { return true; });
+#else
+  m.def("cuda_built", [] { return false; });
+#endif
+}

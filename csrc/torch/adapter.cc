@@ -1,0 +1,242 @@
+#include "adapter.h"
+
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "../core/engine_registry.h"
+
+namespace hvd {
+namespace torch_layer {
+
+namespace {
+
+std::atomic<int64_t> name_counter{0};
+
+std::mutex handles_mu;
+std::unordered_map<int64_t, Pending> handles;
+int64_t next_handle = 1;
+
+// Errors that mean "a peer or the job is gone" carry this prefix so the Python
+// layer can raise HorovodInternalError (elastic training retries on it).
+constexpr const char* kInternalErrorPrefix = "HorovodInternalError: ";
+
+void checkProcessSet(int64_t process_set, const char* op) {
+  TORCH_CHECK(process_set == 0, "hvd_torch.", op, ": process set ", process_set,
+              " does not exist; only the global process set (0) is supported so far");
+}
+
+at::Tensor contiguousCpu(const at::Tensor& t, const char* op, const std::string& name) {
+  TORCH_CHECK(t.device().is_cpu(), "hvd_torch.", op, " '", name, "': tensor is on ", t.device(),
+              ", but this build only has the Gloo (CPU) backend (hvd_torch.nccl_built() is False)");
+  return t.contiguous();
+}
+
+Request baseRequest(OpType type, const at::Tensor& t, DataType dtype, const std::string& name,
+                    int64_t process_set) {
+  Request q;
+  q.type = type;
+  q.dtype = dtype;
+  q.name = name;
+  q.process_set = static_cast<int32_t>(process_set);
+  q.shape.assign(t.sizes().begin(), t.sizes().end());
+  return q;
+}
+
+}  // namespace
+
+std::shared_ptr<Engine> requireEngine(const char* op) {
+  auto engine = currentEngine();
+  TORCH_CHECK(engine != nullptr, "hvd_torch.", op,
+              " was called before hvd_torch.init(): call hvd.init() first");
+  return engine;
+}
+
+DataType toDataType(const at::Tensor& t, const char* op, const std::string& name) {
+  switch (t.scalar_type()) {
+    case at::kByte: return DataType::kUInt8;
+    case at::kChar: return DataType::kInt8;
+    case at::kShort: return DataType::kInt16;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kBool: return DataType::kBool;
+    default:
+      TORCH_CHECK(false, "hvd_torch.", op, " '", name, "': unsupported dtype ", t.scalar_type(),
+                  "; supported: uint8, int8, int16, int32, int64, float16, bfloat16, float32, "
+                  "float64, bool");
+  }
+}
+
+std::string opName(const char* op, const std::string& name) {
+  if (!name.empty()) return std::string(op) + "." + name;
+  return std::string(op) + ".noname." + std::to_string(name_counter.fetch_add(1));
+}
+
+void resetNameCounter() { name_counter = 0; }
+
+int64_t addHandle(Pending pending) {
+  std::lock_guard<std::mutex> lock(handles_mu);
+  int64_t h = next_handle++;
+  handles.emplace(h, std::move(pending));
+  return h;
+}
+
+bool pollHandle(int64_t handle) {
+  std::lock_guard<std::mutex> lock(handles_mu);
+  auto it = handles.find(handle);
+  TORCH_CHECK(it != handles.end(), "hvd_torch.poll: unknown handle ", handle,
+              " (already synchronized, or from before a shutdown)");
+  return it->second.work->done();
+}
+
+at::Tensor waitHandle(int64_t handle) {
+  Pending p;
+  {
+    std::lock_guard<std::mutex> lock(handles_mu);
+    auto it = handles.find(handle);
+    TORCH_CHECK(it != handles.end(), "hvd_torch.synchronize: unknown handle ", handle,
+                " (already synchronized, or from before a shutdown)");
+    p = std::move(it->second);
+    handles.erase(it);
+  }
+  Status status;
+  // A blocking wait must not hold the GIL: other Python threads (data
+  // loaders, the elastic driver) keep running while we wait on peers.
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release no_gil;
+    status = p.work->wait();
+  } else {
+    status = p.work->wait();
+  }
+  if (status.code == Status::kInvalidArgument) TORCH_CHECK(false, status.message);
+  TORCH_CHECK(status.ok(), kInternalErrorPrefix, status.message);
+  at::Tensor out = p.gathered ? *p.gathered : p.result;
+  if (p.copy_back_to.defined()) {
+    p.copy_back_to.copy_(out);
+    return p.copy_back_to;
+  }
+  return out;
+}
+
+void clearHandles() {
+  std::lock_guard<std::mutex> lock(handles_mu);
+  handles.clear();
+}
+
+int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::string& user_name,
+                        int64_t op, double prescale, double postscale, int64_t process_set) {
+  auto engine = requireEngine("allreduce");
+  const std::string name = opName("allreduce", user_name);
+  checkProcessSet(process_set, "allreduce");
+  DataType dtype = toDataType(tensor, "allreduce", name);
+  TORCH_CHECK(op == 0 || op == 1 || (op >= 3 && op <= 5), "hvd_torch.allreduce '", name,
+              "': unsupported reduce op ", op,
+              " (Average=0, Sum=1, Min=3, Max=4, Product=5; Adasum is not supported)");
+  TORCH_CHECK(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
+              "hvd_torch.allreduce '", name,
+              "': bool tensors support Sum/Max (or) and Min/Product (and), without scaling");
+  at::Tensor input = contiguousCpu(tensor, "allreduce", name);
+  Pending p;
+  p.name = name;
+  at::Tensor output;
+  if (in_place) {
+    output = input;
+    if (!input.is_same(tensor)) p.copy_back_to = tensor;
+  } else {
+    output = at::empty_like(input);
+  }
+  p.result = output;
+
+  Entry e;
+  e.request = baseRequest(OpType::kAllreduce, input, dtype, name, process_set);
+  e.request.reduce_op = static_cast<ReduceOp>(op);
+  e.request.prescale = prescale;
+  e.request.postscale = postscale;
+  e.input = input.data_ptr();
+  e.output = output.data_ptr();
+  e.keep_alive = std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output);
+  p.work = engine->enqueue(std::move(e));
+  return addHandle(std::move(p));
+}
+
+int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
+                        int64_t process_set) {
+  auto engine = requireEngine("allgather");
+  const std::string name = opName("allgather", user_name);
+  checkProcessSet(process_set, "allgather");
+  DataType dtype = toDataType(tensor, "allgather", name);
+  // A 0-d tensor gathers as one row per rank, like Horovod.
+  at::Tensor input = contiguousCpu(tensor.dim() == 0 ? tensor.reshape({1}) : tensor, "allgather", name);
+  auto gathered = std::make_shared<at::Tensor>();
+  Entry e;
+  e.request = baseRequest(OpType::kAllgather, input, dtype, name, process_set);
+  e.input = input.data_ptr();
+  std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
+  auto options = input.options();
+  e.allocate = [gathered, row_shape, options](int64_t rows) {
+    std::vector<int64_t> shape{rows};
+    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
+    *gathered = at::empty(shape, options);
+    return gathered->data_ptr();
+  };
+  e.keep_alive = std::make_shared<at::Tensor>(input);
+  Pending p;
+  p.name = name;
+  p.gathered = gathered;
+  p.work = engine->enqueue(std::move(e));
+  return addHandle(std::move(p));
+}
+
+int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
+                        const std::string& user_name, int64_t process_set) {
+  auto engine = requireEngine("broadcast");
+  const std::string name = opName("broadcast", user_name);
+  checkProcessSet(process_set, "broadcast");
+  DataType dtype = toDataType(tensor, "broadcast", name);
+  const int size = engine->topology().size;
+  TORCH_CHECK(root_rank >= 0 && root_rank < size, "hvd_torch.broadcast '", name, "': root_rank ",
+              root_rank, " is out of range for ", size, " ranks");
+  at::Tensor input = contiguousCpu(tensor, "broadcast", name);
+  Pending p;
+  p.name = name;
+  at::Tensor output;
+  if (in_place) {
+    output = input;
+    if (!input.is_same(tensor)) p.copy_back_to = tensor;
+  } else {
+    output = at::empty_like(input);
+  }
+  p.result = output;
+  Entry e;
+  e.request = baseRequest(OpType::kBroadcast, input, dtype, name, process_set);
+  e.request.root_rank = static_cast<int32_t>(root_rank);
+  e.input = input.data_ptr();
+  e.output = output.data_ptr();
+  e.keep_alive = std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output);
+  p.work = engine->enqueue(std::move(e));
+  return addHandle(std::move(p));
+}
+
+int64_t submitBarrier(int64_t process_set) {
+  auto engine = requireEngine("barrier");
+  checkProcessSet(process_set, "barrier");
+  Entry e;
+  e.request.type = OpType::kBarrier;
+  e.request.dtype = DataType::kUInt8;
+  e.request.name = opName("barrier", "");
+  e.request.process_set = static_cast<int32_t>(process_set);
+  Pending p;
+  p.name = e.request.name;
+  p.result = at::zeros({}, at::kLong);
+  p.work = engine->enqueue(std::move(e));
+  return addHandle(std::move(p));
+}
+
+}  // namespace torch_layer
+}  // namespace hvd

@@ -1,0 +1,52 @@
+// From at::Tensor to the engine: argument checks, dtype mapping, op names,
+// submission, and the async handle table. Everything here runs on the
+// caller's thread; completion happens on the engine's background thread.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "../core/engine.h"
+
+namespace hvd {
+namespace torch_layer {
+
+// The engine, or a clear error when init() has not been called.
+std::shared_ptr<Engine> requireEngine(const char* op);
+
+DataType toDataType(const at::Tensor& t, const char* op, const std::string& name);
+
+// "allreduce.<name>", or "allreduce.noname.<n>" with a per-process counter
+// (Horovod's rule: ranks that submit unnamed ops in the same order match).
+std::string opName(const char* op, const std::string& name);
+void resetNameCounter();
+
+// What synchronize() needs to finish an async op.
+struct Pending {
+  std::shared_ptr<Work> work;
+  std::string name;
+  at::Tensor result;                           // allreduce/broadcast output
+  std::shared_ptr<at::Tensor> gathered;        // allgather output, allocated late
+  at::Tensor copy_back_to;                     // in-place op on a non-contiguous tensor
+};
+
+// Handle table: ints cross the schema, Pending stays here.
+int64_t addHandle(Pending pending);
+bool pollHandle(int64_t handle);
+// Waits (without holding the GIL), removes the handle, raises the op's error.
+at::Tensor waitHandle(int64_t handle);
+void clearHandles();
+
+// Submission of each kind; return the handle.
+int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::string& name,
+                        int64_t op, double prescale, double postscale, int64_t process_set);
+int64_t submitAllgather(const at::Tensor& tensor, const std::string& name, int64_t process_set);
+int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
+                        const std::string& name, int64_t process_set);
+int64_t submitBarrier(int64_t process_set);
+
+}  // namespace torch_layer
+}  // namespace hvd

@@ -1,0 +1,135 @@
+// Autograd for the differentiable ops, with Horovod's gradient conventions
+// (docs/architecture.md, "Gradients"):
+//   allreduce: the gradient is the allreduce of the gradient with the same
+//              op and scale factors;
+//   allgather: the gradient is the Sum-allreduce of the gradient, narrowed to
+//              this rank's rows;
+//   broadcast: the gradient is the Sum-allreduce of the gradient on the root
+//              rank and zero elsewhere.
+// Registered at the Autograd key, so they apply in eager code and in
+// TorchScript alike. In-place and async forms are not differentiable (as in
+// Horovod): autograd falls through to the kernel.
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "../core/engine_registry.h"
+
+namespace hvd {
+namespace torch_layer {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+at::Tensor callAllreduce(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
+                         double post, int64_t ps) {
+  static auto handle = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("hvd_torch::allreduce", "")
+                           .typed<at::Tensor(const at::Tensor&, c10::string_view, int64_t, double,
+                                             double, int64_t)>();
+  return handle.call(t, name, op, pre, post, ps);
+}
+
+at::Tensor callAllgather(const at::Tensor& t, c10::string_view name, int64_t ps) {
+  static auto handle = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("hvd_torch::allgather", "")
+                           .typed<at::Tensor(const at::Tensor&, c10::string_view, int64_t)>();
+  return handle.call(t, name, ps);
+}
+
+at::Tensor callBroadcast(const at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
+  static auto handle =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("hvd_torch::broadcast", "")
+          .typed<at::Tensor(const at::Tensor&, int64_t, c10::string_view, int64_t)>();
+  return handle.call(t, root, name, ps);
+}
+
+constexpr int64_t kSum = 1;
+
+class AllreduceFunction : public torch::autograd::Function<AllreduceFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& t, c10::string_view name,
+                            int64_t op, double pre, double post, int64_t ps) {
+    ctx->saved_data["op"] = op;
+    ctx->saved_data["pre"] = pre;
+    ctx->saved_data["post"] = post;
+    ctx->saved_data["ps"] = ps;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return callAllreduce(t, name, op, pre, post, ps);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    at::Tensor g = callAllreduce(grads[0], "", ctx->saved_data["op"].toInt(),
+                                 ctx->saved_data["pre"].toDouble(),
+                                 ctx->saved_data["post"].toDouble(), ctx->saved_data["ps"].toInt());
+    return {g, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+class AllgatherFunction : public torch::autograd::Function<AllgatherFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& t, c10::string_view name,
+                            int64_t ps) {
+    ctx->saved_data["rows"] = t.dim() == 0 ? int64_t{1} : t.size(0);
+    ctx->saved_data["scalar"] = t.dim() == 0;
+    ctx->saved_data["ps"] = ps;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return callAllgather(t, name, ps);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const int64_t rows = ctx->saved_data["rows"].toInt();
+    const int64_t ps = ctx->saved_data["ps"].toInt();
+    at::Tensor summed = callAllreduce(grads[0], "", kSum, 1.0, 1.0, ps);
+    // Ranks may contribute different row counts: gather them to find ours.
+    at::Tensor counts = callAllgather(at::full({1}, rows, at::kLong), "", ps);
+    const int64_t rank = currentEngine()->topology().rank;
+    const int64_t offset = counts.narrow(0, 0, rank).sum().item<int64_t>();
+    at::Tensor g = summed.narrow(0, offset, rows);
+    if (ctx->saved_data["scalar"].toBool()) g = g.reshape({});
+    return {g, at::Tensor(), at::Tensor()};
+  }
+};
+
+class BroadcastFunction : public torch::autograd::Function<BroadcastFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& t, int64_t root,
+                            c10::string_view name, int64_t ps) {
+    ctx->saved_data["root"] = root;
+    ctx->saved_data["ps"] = ps;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return callBroadcast(t, root, name, ps);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    at::Tensor g = callAllreduce(grads[0], "", kSum, 1.0, 1.0, ctx->saved_data["ps"].toInt());
+    if (currentEngine()->topology().rank != ctx->saved_data["root"].toInt()) g = g.zero_();
+    return {g, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor allreduceAutograd(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
+                             double post, int64_t ps) {
+  return AllreduceFunction::apply(t, name, op, pre, post, ps);
+}
+
+at::Tensor allgatherAutograd(const at::Tensor& t, c10::string_view name, int64_t ps) {
+  return AllgatherFunction::apply(t, name, ps);
+}
+
+at::Tensor broadcastAutograd(const at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
+  return BroadcastFunction::apply(t, root, name, ps);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(hvd_torch, Autograd, m) {
+  m.impl("allreduce", allreduceAutograd);
+  m.impl("allgather", allgatherAutograd);
+  m.impl("broadcast", broadcastAutograd);
+  for (const char* op : {"allreduce_", "allreduce_async", "allreduce_async_", "allgather_async",
+                         "broadcast_", "broadcast_async", "broadcast_async_"}) {
+    m.impl(op, torch::CppFunction::makeFallthrough());
+  }
+}
+
+}  // namespace torch_layer
+}  // namespace hvd

@@ -1,0 +1,86 @@
+// CPU kernels: submit to the engine and, for the blocking forms, wait.
+#include <torch/library.h>
+
+#include "adapter.h"
+
+namespace hvd {
+namespace torch_layer {
+namespace {
+
+at::Tensor allreduce(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
+                     double post, int64_t ps) {
+  return waitHandle(submitAllreduce(t, false, std::string(name), op, pre, post, ps));
+}
+
+at::Tensor& allreduceInPlace(at::Tensor& t, c10::string_view name, int64_t op, double pre,
+                             double post, int64_t ps) {
+  waitHandle(submitAllreduce(t, true, std::string(name), op, pre, post, ps));
+  return t;
+}
+
+int64_t allreduceAsync(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
+                       double post, int64_t ps) {
+  return submitAllreduce(t, false, std::string(name), op, pre, post, ps);
+}
+
+int64_t allreduceAsyncInPlace(at::Tensor& t, c10::string_view name, int64_t op, double pre,
+                              double post, int64_t ps) {
+  return submitAllreduce(t, true, std::string(name), op, pre, post, ps);
+}
+
+at::Tensor allgather(const at::Tensor& t, c10::string_view name, int64_t ps) {
+  return waitHandle(submitAllgather(t, std::string(name), ps));
+}
+
+int64_t allgatherAsync(const at::Tensor& t, c10::string_view name, int64_t ps) {
+  return submitAllgather(t, std::string(name), ps);
+}
+
+at::Tensor broadcast(const at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
+  return waitHandle(submitBroadcast(t, false, root, std::string(name), ps));
+}
+
+at::Tensor& broadcastInPlace(at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
+  waitHandle(submitBroadcast(t, true, root, std::string(name), ps));
+  return t;
+}
+
+int64_t broadcastAsync(const at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
+  return submitBroadcast(t, false, root, std::string(name), ps);
+}
+
+int64_t broadcastAsyncInPlace(at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
+  return submitBroadcast(t, true, root, std::string(name), ps);
+}
+
+at::Tensor barrier(int64_t ps) { return waitHandle(submitBarrier(ps)); }
+
+bool poll(int64_t handle) { return pollHandle(handle); }
+
+at::Tensor synchronize(int64_t handle) { return waitHandle(handle); }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(hvd_torch, CPU, m) {
+  m.impl("allreduce", allreduce);
+  m.impl("allreduce_", allreduceInPlace);
+  m.impl("allreduce_async", allreduceAsync);
+  m.impl("allreduce_async_", allreduceAsyncInPlace);
+  m.impl("allgather", allgather);
+  m.impl("allgather_async", allgatherAsync);
+  m.impl("broadcast", broadcast);
+  m.impl("broadcast_", broadcastInPlace);
+  m.impl("broadcast_async", broadcastAsync);
+  m.impl("broadcast_async_", broadcastAsyncInPlace);
+}
+
+// Ops without a tensor argument have no dispatch key to select a backend:
+// a composite kernel serves every key (and autograd has nothing to track).
+TORCH_LIBRARY_IMPL(hvd_torch, CompositeImplicitAutograd, m) {
+  m.impl("barrier", barrier);
+  m.impl("poll", poll);
+  m.impl("synchronize", synchronize);
+}
+
+}  // namespace torch_layer
+}  // namespace hvd

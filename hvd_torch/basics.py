@@ -1,0 +1,95 @@
+"""Lifecycle and topology: init, shutdown, rank, size, and build facts."""
+
+import atexit
+import os
+
+import torch  # noqa: F401  (loads libtorch before our extension)
+
+from hvd_torch import _C
+
+# Horovod's reduce op constants (horovod/common/message.h numbering).
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+
+def _check_one_gloo():
+    """Our Gloo calls must resolve to Debian's libgloo, not torch's bundled copy."""
+    path = _C.gloo_library_path()
+    if "libgloo" not in os.path.basename(path):
+        raise ImportError(
+            f"hvd_torch's Gloo symbols resolved to {path!r} instead of Debian's libgloo.so: "
+            "another library (torch loaded with RTLD_GLOBAL?) exports its own Gloo. Unset "
+            "TORCH_USE_RTLD_GLOBAL; see docs/architecture.md, 'Which Gloo'.")
+
+
+_check_one_gloo()
+
+
+def init(comm=None, process_sets=None):
+    """Meets the other ranks (from the launcher's environment) and starts the engine.
+
+    A second call while initialised does nothing, as in Horovod.
+    """
+    if comm is not None:
+        raise ValueError("hvd_torch.init(comm=...): MPI communicators are not supported "
+                         "(hvd-torch uses Gloo; launch with hvdrun)")
+    if process_sets is not None:
+        raise ValueError("hvd_torch.init(process_sets=...): process sets are not supported yet")
+    _C.init()
+
+
+def shutdown():
+    """Stops the engine. Pending operations fail; init() may be called again."""
+    _C.shutdown()
+
+
+atexit.register(shutdown)
+
+is_initialized = _C.is_initialized
+rank = _C.rank
+size = _C.size
+local_rank = _C.local_rank
+local_size = _C.local_size
+cross_rank = _C.cross_rank
+cross_size = _C.cross_size
+gloo_built = _C.gloo_built
+nccl_built = _C.nccl_built
+cuda_built = _C.cuda_built
+
+
+def gloo_enabled():
+    """True when the running engine moves data with Gloo."""
+    return _C.backend_name() == "gloo" or (is_initialized() and size() == 1)
+
+
+def mpi_built():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_threads_supported():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def is_homogeneous():
+    """All hosts run the same number of ranks (always true on one host)."""
+    return size() == local_size() * cross_size()

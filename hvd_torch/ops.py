@@ -1,0 +1,156 @@
+"""Horovod's collective API over the hvd_torch torch ops.
+
+Each function keeps horovod.torch's name, positional argument order and
+defaults; the work happens in torch.ops.hvd_torch.* (C++), which also carries
+the autograd rules, so the same ops run in eager code and in TorchScript.
+"""
+
+import functools
+import warnings
+
+import torch
+
+from hvd_torch.basics import Average, Sum
+from hvd_torch.compression import Compression
+from hvd_torch.exceptions import HorovodInternalError
+
+_ops = torch.ops.hvd_torch
+_INTERNAL = "HorovodInternalError: "
+
+
+class ProcessSet:
+    """A subset of ranks (only the global set exists so far)."""
+
+    def __init__(self, ranks=None):
+        self.ranks = ranks
+        self.process_set_id = 0 if ranks is None else None
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet()
+
+
+def _translate_errors(fn):
+    """Engine failures (a dead peer, shutdown) become HorovodInternalError."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as e:
+            msg = str(e)
+            if _INTERNAL in msg:
+                raise HorovodInternalError(msg.split(_INTERNAL, 1)[1].split("\n")[0]) from None
+            raise
+
+    return wrapper
+
+
+def _resolve_op(average, op):
+    """Horovod's rule for the deprecated `average` flag."""
+    if average is not None:
+        if op is not None:
+            raise ValueError("allreduce: pass either `average` or `op`, not both")
+        warnings.warn("allreduce(average=...) is deprecated; use op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average if op is None else op
+
+
+def _ps(process_set):
+    if process_set.process_set_id is None:
+        raise ValueError(f"{process_set} is not registered")
+    return process_set.process_set_id
+
+
+@_translate_errors
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Starts an allreduce; returns a handle for poll()/synchronize()."""
+    return _ops.allreduce_async(tensor, name or "", _resolve_op(average, op),
+                                float(prescale_factor), float(postscale_factor), _ps(process_set))
+
+
+@_translate_errors
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Reduces `tensor` over all ranks (Average by default) into a new tensor.
+
+    Differentiable: the gradient is the same allreduce of the gradient.
+    """
+    compressed, ctx = compression.compress(tensor)
+    out = _ops.allreduce(compressed, name or "", _resolve_op(average, op),
+                         float(prescale_factor), float(postscale_factor), _ps(process_set))
+    return compression.decompress(out, ctx)
+
+
+@_translate_errors
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """In-place allreduce_async: the result is written into `tensor`."""
+    return _ops.allreduce_async_(tensor, name or "", _resolve_op(average, op),
+                                 float(prescale_factor), float(postscale_factor), _ps(process_set))
+
+
+@_translate_errors
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """In-place allreduce; returns `tensor`."""
+    return _ops.allreduce_(tensor, name or "", _resolve_op(average, op),
+                           float(prescale_factor), float(postscale_factor), _ps(process_set))
+
+
+@_translate_errors
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts an allgather; returns a handle for poll()/synchronize()."""
+    return _ops.allgather_async(tensor, name or "", _ps(process_set))
+
+
+@_translate_errors
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenates every rank's `tensor` along dimension 0 (first dims may differ)."""
+    return _ops.allgather(tensor, name or "", _ps(process_set))
+
+
+@_translate_errors
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts a broadcast from `root_rank` into a new tensor; returns a handle."""
+    return _ops.broadcast_async(tensor, root_rank, name or "", _ps(process_set))
+
+
+@_translate_errors
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns `root_rank`'s `tensor` on every rank."""
+    return _ops.broadcast(tensor, root_rank, name or "", _ps(process_set))
+
+
+@_translate_errors
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast_async."""
+    return _ops.broadcast_async_(tensor, root_rank, name or "", _ps(process_set))
+
+
+@_translate_errors
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast; returns `tensor`."""
+    return _ops.broadcast_(tensor, root_rank, name or "", _ps(process_set))
+
+
+@_translate_errors
+def barrier(process_set=global_process_set):
+    """Returns once every rank has called barrier()."""
+    _ops.barrier(_ps(process_set))
+
+
+@_translate_errors
+def poll(handle):
+    """True once the async operation behind `handle` has finished."""
+    return _ops.poll(handle)
+
+
+@_translate_errors
+def synchronize(handle):
+    """Waits for `handle` and returns the operation's output (raises its error)."""
+    return _ops.synchronize(handle)

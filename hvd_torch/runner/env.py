@@ -1,0 +1,82 @@
+"""The environment a rank starts with: who it is and where the rendezvous store is.
+
+Shared by the launcher, the Ray driver and the test harness so that every way of
+starting ranks hands the engine the same variables, under horovodrun's names.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+from .store import secret_to_hex
+
+__all__ = ["horovod_env", "rank_env"]
+
+
+def horovod_env(
+    rank: int,
+    size: int,
+    store_host: str,
+    store_port: int,
+    secret: bytes,
+    *,
+    local_rank: int | None = None,
+    local_size: int | None = None,
+    cross_rank: int = 0,
+    cross_size: int = 1,
+    hostname: str | None = None,
+    start_timeout: float | None = None,
+) -> dict[str, str]:
+    """Only the variables we set.  local_rank/local_size default to rank/size
+    (every rank on this machine).
+
+    HOROVOD_GLOO_TIMEOUT_SECONDS is left alone on purpose: it passes through from
+    the caller's environment if the user set it, and the engine's default applies
+    otherwise.  start_timeout, when given, becomes HOROVOD_START_TIMEOUT, the
+    variable horovodrun reads for --start-timeout's default.
+    """
+    local_rank = rank if local_rank is None else local_rank
+    local_size = size if local_size is None else local_size
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is outside [0, {size})")
+    if not 0 <= local_rank < local_size:
+        raise ValueError(f"local rank {local_rank} is outside [0, {local_size})")
+    env = {
+        "HOROVOD_RANK": str(rank),
+        "HOROVOD_SIZE": str(size),
+        "HOROVOD_LOCAL_RANK": str(local_rank),
+        "HOROVOD_LOCAL_SIZE": str(local_size),
+        "HOROVOD_CROSS_RANK": str(cross_rank),
+        "HOROVOD_CROSS_SIZE": str(cross_size),
+        "HOROVOD_HOSTNAME": hostname or socket.gethostname(),
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": store_host,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(store_port),
+        "HOROVOD_SECRET_KEY": secret_to_hex(secret),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        # Ranks' output goes through the launcher's pipes; without this Python
+        # block-buffers it and lines from a crashed rank are lost.
+        "PYTHONUNBUFFERED": "1",
+    }
+    if start_timeout is not None:
+        env["HOROVOD_START_TIMEOUT"] = f"{start_timeout:g}"
+    return env
+
+
+def rank_env(
+    rank: int,
+    size: int,
+    store_host: str,
+    store_port: int,
+    secret: bytes,
+    *,
+    base: Mapping[str, str] | None = None,
+    **kwargs,
+) -> dict[str, str]:
+    """The full environment for a rank: base (default os.environ) plus horovod_env().
+    kwargs are horovod_env's keyword arguments."""
+    env = dict(os.environ if base is None else base)
+    env.update(horovod_env(rank, size, store_host, store_port, secret, **kwargs))
+    return env
