@@ -38,7 +38,7 @@ def extension():
         # libgloo first: our Gloo calls must bind to Debian's library, never to
         # the copy inside libtorch_cpu (see docs/architecture.md).
         libraries=["gloo"],
-        extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"],
+        extra_compile_args=["-O3", "-g0", "-std=c++17", "-fvisibility=hidden"],
     )
 
 

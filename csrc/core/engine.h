@@ -14,6 +14,8 @@
 // background thread.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -61,6 +63,8 @@ class Engine {
   void connectWorker(const std::string& prefix);
   std::string missingRanksMessage(const std::string& prefix, const char* what);
 
+  static constexpr int kSpinMicros = 100;
+  bool waitForEvents(std::vector<pollfd>& fds);
   void loop();
   void takeSubmissions();
   void readWorkers();

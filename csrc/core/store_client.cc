@@ -269,7 +269,8 @@ StoreClient::Reply StoreClient::call(const std::string& request, milliseconds ti
 
   std::lock_guard<std::mutex> lock(mu_);
   if (fd_ < 0) {
-    throw StoreError("the connection to the store at " + address_ + " was closed by an earlier error");
+    throw StoreError("the connection to the store at " + address_ +
+                     " was closed by an earlier error");
   }
   const auto deadline = replyDeadline(timeout);
   try {

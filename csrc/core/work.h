@@ -2,6 +2,10 @@
 // completes it exactly once; any thread may poll or wait on it.
 #pragma once
 
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -13,12 +17,13 @@ namespace hvd {
 
 class Work {
  public:
-  bool done() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-  // Blocks until completed; returns the outcome.
+  bool done() const { return done_flag_.load(std::memory_order_acquire); }
+  // Blocks until completed; returns the outcome. Small ops complete within
+  // tens of microseconds, less than a sleep/wake-up costs, so the caller
+  // yields the CPU in a short loop before it sleeps on the condition variable.
   Status wait() const {
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+    while (!done() && std::chrono::steady_clock::now() < spin_until) sched_yield();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_; });
     return status_;
@@ -33,11 +38,14 @@ class Work {
       if (done_) return;
       status_ = std::move(status);
       done_ = true;
+      done_flag_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
   }
 
  private:
+  static constexpr int kSpinMicros = 100;
+  std::atomic<bool> done_flag_{false};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool done_ = false;
