@@ -80,10 +80,12 @@ def run_ranks(fn, nranks, args=(), kwargs=None, timeout=60, env=None, expect_fai
     in rank order.
 
     env: extra variables for every rank, applied after the rank environment.
-    If a rank raises or dies, raises AssertionError describing every rank.  With
-    expect_fail=True, returns per-rank outcomes instead: fn's value, or a
-    RankFailure.  If ranks are still running after timeout seconds, kills all of
-    them and raises TimeoutError naming them.
+    If a rank raises or dies, raises AssertionError describing every rank (ranks
+    still running _FAILURE_GRACE seconds after the first failure are killed and
+    reported too).  With expect_fail=True, every rank runs to its end and per-rank
+    outcomes are returned instead: fn's value, or a RankFailure.  If ranks are
+    still running after timeout seconds, kills all of them and raises
+    TimeoutError naming them (also in its .running; .outcomes has every rank's).
     """
     from hvd_torch.runner.store import KVStoreServer
 
@@ -105,7 +107,12 @@ def run_ranks(fn, nranks, args=(), kwargs=None, timeout=60, env=None, expect_fai
                 with open(_log_path(workdir, rank), "wb") as log:
                     procs.append(
                         subprocess.Popen(
-                            [sys.executable, os.path.abspath(__file__), job, _result_path(workdir, rank)],
+                            [
+                                sys.executable,
+                                os.path.abspath(__file__),
+                                job,
+                                _result_path(workdir, rank),
+                            ],
                             env=rank_vars,
                             stdin=subprocess.DEVNULL,
                             stdout=log,
@@ -119,7 +126,9 @@ def run_ranks(fn, nranks, args=(), kwargs=None, timeout=60, env=None, expect_fai
         ]
         _echo_output(workdir, nranks)
         if timed_out:
-            raise TimeoutError(_timeout_report(name, timeout, killed, outcomes))
+            error = TimeoutError(_timeout_report(name, timeout, killed, outcomes))
+            error.running, error.outcomes = killed, outcomes  # for tests that inspect them
+            raise error
         if expect_fail:
             return outcomes
         failures = [o for o in outcomes if isinstance(o, RankFailure)]
@@ -183,11 +192,15 @@ def _outcome(workdir: str, rank: int, exitcode: int, killed_by_us: bool):
             result = pickle.load(f)
     except FileNotFoundError:
         result = None
-    except Exception as e:  # e.g. the value's class cannot be imported here
-        return RankFailure(rank, type(e).__name__, f"cannot unpickle the result: {e}", "", exitcode, output)
+    except Exception as e:  # noqa: BLE001 (e.g. the value's class cannot be imported here)
+        return RankFailure(
+            rank, type(e).__name__, f"cannot unpickle the result: {e}", "", exitcode, output
+        )
     if killed_by_us:
         state = "had returned" if result and result[0] == "ok" else "was still running"
-        return RankFailure(rank, "RankKilled", f"killed by the harness; fn {state}", "", exitcode, output)
+        return RankFailure(
+            rank, "RankKilled", f"killed by the harness; fn {state}", "", exitcode, output
+        )
     if result is None:
         if exitcode is not None and exitcode < 0:
             kind, what = "RankKilled", f"killed by signal {-exitcode} ({_signal_name(-exitcode)})"
@@ -197,7 +210,9 @@ def _outcome(workdir: str, rank: int, exitcode: int, killed_by_us: bool):
     if result[0] == "ok":
         if exitcode == 0:
             return result[1]
-        return RankFailure(rank, "RankDied", f"returned, then exited with code {exitcode}", "", exitcode, output)
+        return RankFailure(
+            rank, "RankDied", f"returned, then exited with code {exitcode}", "", exitcode, output
+        )
     _, exc_type, message, tb = result
     return RankFailure(rank, exc_type, message, tb, exitcode, output)
 
@@ -272,7 +287,7 @@ def _child_main(job: str, result_path: str) -> int:
             fn, args, kwargs = pickle.load(f)
         outcome = ("ok", fn(*args, **kwargs))
         payload = pickle.dumps(outcome)
-    except BaseException as e:  # SystemExit and KeyboardInterrupt are outcomes too
+    except BaseException as e:  # noqa: BLE001 (SystemExit, KeyboardInterrupt are outcomes too)
         outcome = ("error", type(e).__name__, str(e), traceback.format_exc())
         payload = pickle.dumps(outcome)
     # Write-then-rename: the parent never reads half a result.

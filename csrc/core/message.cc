@@ -47,7 +47,7 @@ Request Request::decode(Reader& r) {
   q.prescale = r.get<double>();
   q.postscale = r.get<double>();
   q.name = r.getString();
-  uint32_t dims = r.get<uint32_t>();
+  uint32_t dims = r.getCount(sizeof(int64_t));
   q.shape.resize(dims);
   for (auto& d : q.shape) d = r.get<int64_t>();
   return q;
@@ -80,14 +80,14 @@ Response Response::decode(Reader& r) {
   Response p;
   p.kind = static_cast<Kind>(r.get<uint8_t>());
   p.type = static_cast<OpType>(r.get<uint8_t>());
-  p.names.resize(r.get<uint32_t>());
+  p.names.resize(r.getCount(sizeof(uint32_t)));
   for (auto& n : p.names) n = r.getString();
-  p.first_dims.resize(r.get<uint32_t>());
+  p.first_dims.resize(r.getCount(sizeof(uint32_t)));
   for (auto& dims : p.first_dims) {
-    dims.resize(r.get<uint32_t>());
+    dims.resize(r.getCount(sizeof(int64_t)));
     for (auto& d : dims) d = r.get<int64_t>();
   }
-  p.cache_ids.resize(r.get<uint32_t>());
+  p.cache_ids.resize(r.getCount(sizeof(int32_t)));
   for (auto& id : p.cache_ids) id = r.get<int32_t>();
   p.error = r.getString();
   p.inline_result = r.getString();

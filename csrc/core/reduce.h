@@ -19,7 +19,8 @@ ReduceFn reduceFunction(DataType dtype, ReduceOp op);
 void scaleBuffer(void* buf, size_t n, DataType dtype, double factor);
 
 // buf[i] = floor(buf[i] / divisor) for integers (Horovod's integer Average),
-// buf[i] /= divisor for floating point.
+// buf[i] *= 1.0 / divisor for floating point (Horovod folds the division into
+// the postscale factor, so we multiply too: results match it bit for bit).
 void divideBuffer(void* buf, size_t n, DataType dtype, int divisor);
 
 float halfToFloat(uint16_t h);

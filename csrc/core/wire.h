@@ -64,6 +64,15 @@ class Reader {
     return take(*n);
   }
   bool done() const { return p_ == end_; }
+  size_t remaining() const { return static_cast<size_t>(end_ - p_); }
+  // Reads a u32 element count and checks that `count` elements of at least
+  // `min_bytes` each can still follow, so a corrupt count is a WireError,
+  // never a multi-gigabyte allocation.
+  uint32_t getCount(size_t min_bytes) {
+    uint32_t n = get<uint32_t>();
+    if (static_cast<uint64_t>(n) * min_bytes > remaining()) throw WireError("corrupt element count in control message");
+    return n;
+  }
 
  private:
   const char* take(size_t n) {

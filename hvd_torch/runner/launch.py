@@ -64,6 +64,16 @@ _UNSUPPORTED = {
     "--version", "-v",
 }  # fmt: skip
 
+# Supported options: those taking a value (by Options field), and plain flags.
+_VALUED = {
+    "-np": "num_proc",
+    "--num-proc": "num_proc",
+    "-H": "hosts",
+    "--hosts": "hosts",
+    "--start-timeout": "start_timeout",
+}
+_FLAGS = {"--gloo", "--verbose"}  # --gloo: we always are
+
 _GRACE_SECONDS = 3.0  # SIGTERM -> SIGKILL
 _POLL_SECONDS = 0.05
 # One lock per launcher stream, so rank lines and our own notes never interleave.
@@ -87,10 +97,8 @@ class Options:
 
 def parse_args(argv: list[str]) -> Options | None:
     """Options, or None when help was asked for.  Raises UsageError."""
-    num_proc = None
-    hosts = None
-    verbose = False
-    start_timeout = None
+    values: dict[str, str] = {}
+    flags: set[str] = set()
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -100,43 +108,39 @@ def parse_args(argv: list[str]) -> Options | None:
         if not arg.startswith("-") or arg == "-":
             break  # the command starts here; everything after belongs to it
         name, eq, inline = arg.partition("=")
-
-        def value() -> str:
-            nonlocal i
-            if eq:
-                return inline
-            if i + 1 >= len(argv):
-                raise UsageError(f"{name} needs a value")
-            i += 1
-            return argv[i]
-
         if name in ("-h", "--help"):
             return None
-        if name in ("-np", "--num-proc"):
-            num_proc = _positive_int(name, value())
-        elif name in ("-H", "--hosts"):
-            hosts = value()
-        elif name == "--gloo":
-            pass
-        elif name == "--verbose":
-            verbose = True
-        elif name == "--start-timeout":
-            start_timeout = _positive_float(name, value())
-        elif name in _UNSUPPORTED:
+        if name in _UNSUPPORTED:
             raise UsageError(f"{name} is not supported yet by {PROG}")
+        if name in _VALUED:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError(f"{name} needs a value")
+                i += 1
+                inline = argv[i]
+            values[_VALUED[name]] = inline
+        elif name in _FLAGS:
+            if eq:
+                raise UsageError(f"{name} takes no value")
+            flags.add(name)
         else:
             raise UsageError(f"unknown option {name} (not a horovodrun flag {PROG} supports)")
         i += 1
-    command = argv[i:]
-    if num_proc is None:
+    if "num_proc" not in values:
         raise UsageError("-np/--num-proc is required")
+    num_proc = _positive_int("-np/--num-proc", values["num_proc"])
+    start_timeout = None
+    if "start_timeout" in values:
+        start_timeout = _positive_float("--start-timeout", values["start_timeout"])
+    command = argv[i:]
     if not command:
         raise UsageError("no command given to run")
-    if hosts is not None:
+    if "hosts" in values:
+        hosts = values["hosts"]
         slots = _local_slots(hosts)
         if slots < num_proc:
             raise UsageError(f"-np {num_proc} needs {num_proc} slots but -H {hosts} gives {slots}")
-    return Options(num_proc, command, verbose, start_timeout)
+    return Options(num_proc, command, "--verbose" in flags, start_timeout)
 
 
 def _positive_int(name: str, text: str) -> int:
@@ -198,7 +202,10 @@ class _Ranks:
         self.procs.append(proc)
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             pump = threading.Thread(
-                target=self._pump, args=(rank, stream, pipe), name=f"hvdrun-{rank}-{stream}", daemon=True
+                target=self._pump,
+                args=(rank, stream, pipe),
+                name=f"hvdrun-{rank}-{stream}",
+                daemon=True,
             )
             pump.start()
             self._pumps.append(pump)
@@ -212,8 +219,14 @@ class _Ranks:
                     line += "\n"
                 out = getattr(sys, stream)  # looked up per line: tests swap it
                 with _STREAM_LOCKS[stream]:
-                    out.write(prefix + line)
-                    out.flush()
+                    try:
+                        out.write(prefix + line)
+                        out.flush()
+                    except (OSError, ValueError):
+                        # Our own stdout is gone (`hvdrun ... | head`) or cannot
+                        # encode the line: keep draining, or the rank would block
+                        # on a full pipe.
+                        pass
 
     def signal_all(self, signum: int) -> None:
         for proc in self.procs:

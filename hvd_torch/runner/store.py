@@ -78,8 +78,7 @@ class StoreTimeout(StoreError):
         self.address = address
         self.timeout = timeout
         super().__init__(
-            f"timed out after {timeout:g}s waiting for keys {self.keys} "
-            f"in the store at {address}"
+            f"timed out after {timeout:g}s waiting for keys {self.keys} in the store at {address}"
         )
 
 
@@ -208,7 +207,7 @@ class KVStoreServer:
 
     # -- lifecycle
 
-    def start(self) -> "KVStoreServer":
+    def start(self) -> KVStoreServer:
         if self._listener is not None:
             raise RuntimeError("KVStoreServer already started")
         host, port = self._bind
@@ -256,7 +255,7 @@ class KVStoreServer:
         for _, thread in conns:
             thread.join(timeout=5)
 
-    def __enter__(self) -> "KVStoreServer":
+    def __enter__(self) -> KVStoreServer:
         if self._listener is None:
             self.start()
         return self
@@ -470,9 +469,13 @@ class KVStoreClient:
         self._lock = threading.Lock()
         self._sock = _connect(host, port, connect_timeout, self.address)
         try:
-            status, body = self._call(bytes([OP_AUTH]) + _pack_bytes(bytes(secret)), _REPLY_SLACK, raw=True)
+            status, body = self._call(
+                bytes([OP_AUTH]) + _pack_bytes(bytes(secret)), _REPLY_SLACK, raw=True
+            )
             if status == ST_ERROR:
-                raise StoreAuthError(f"the store at {self.address} refused this client: {body.str_()}")
+                raise StoreAuthError(
+                    f"the store at {self.address} refused this client: {body.str_()}"
+                )
             self._expect((status, body), ST_OK, "AUTH")
         except BaseException:
             self.close()
@@ -483,7 +486,7 @@ class KVStoreClient:
         if sock is not None:
             sock.close()
 
-    def __enter__(self) -> "KVStoreClient":
+    def __enter__(self) -> KVStoreClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -492,7 +495,9 @@ class KVStoreClient:
     def set(self, key: str, value: bytes | str) -> None:
         if isinstance(value, str):
             value = value.encode("utf-8")
-        reply = self._call(bytes([OP_SET]) + _pack_str(key) + _pack_bytes(bytes(value)), _REPLY_SLACK)
+        reply = self._call(
+            bytes([OP_SET]) + _pack_str(key) + _pack_bytes(bytes(value)), _REPLY_SLACK
+        )
         self._expect(reply, ST_OK, "SET")
 
     def get(self, key: str, timeout: float | None = DEFAULT_TIMEOUT) -> bytes:
@@ -538,7 +543,9 @@ class KVStoreClient:
 
     # -- plumbing
 
-    def _call(self, request: bytes, reply_timeout: float | None, raw: bool = False) -> tuple[int, _Reader]:
+    def _call(
+        self, request: bytes, reply_timeout: float | None, raw: bool = False
+    ) -> tuple[int, _Reader]:
         """Sends one request and reads its reply; ERROR raises unless raw."""
         with self._lock:
             if self._sock is None:
@@ -547,7 +554,9 @@ class KVStoreClient:
                 self._sock.settimeout(reply_timeout)
                 _send_frame(self._sock, request)
                 header = _recv_exact(self._sock, 4)
-                payload = None if header is None else _recv_exact(self._sock, _U32.unpack(header)[0])
+                payload = (
+                    None if header is None else _recv_exact(self._sock, _U32.unpack(header)[0])
+                )
             except socket.timeout:
                 raise StoreError(f"the store at {self.address} did not answer in time") from None
             except OSError as e:
@@ -562,7 +571,9 @@ class KVStoreClient:
 
     def _expect(self, reply: tuple[int, _Reader], status: int, op: str) -> None:
         if reply[0] != status:
-            raise StoreError(f"unexpected reply status {reply[0]} to {op} from the store at {self.address}")
+            raise StoreError(
+                f"unexpected reply status {reply[0]} to {op} from the store at {self.address}"
+            )
 
 
 def _connect(host: str, port: int, timeout: float, address: str) -> socket.socket:

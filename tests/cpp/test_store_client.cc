@@ -6,19 +6,19 @@
 //
 // The caller (tests/test_store.py) serves the store and sets "py/hello" to
 // "from python" beforehand, so the two implementations are checked against each
-// other, not only against themselves. Prints "N passed, M failed"; exit 0 iff
-// nothing failed.
+// other, not only against themselves. Uses tests/cpp/check.h: prints
+// "N passed, M failed" and exits 0 iff nothing failed.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "../../csrc/core/store_client.h"
+#include "check.h"
 
 using hvd::StoreClient;
 using hvd::StoreError;
@@ -28,19 +28,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Set by main() from argv before any test runs.
 std::string gHost;
 int gPort = 0;
 std::string gSecret;
-
-struct Failure {
-  std::string what;
-};
-
-#define EXPECT(cond)                                                              \
-  do {                                                                            \
-    if (!(cond)) throw Failure{std::string(__FILE__ ":") + std::to_string(__LINE__) + \
-                               ": expected " #cond};                              \
-  } while (0)
 
 std::unique_ptr<StoreClient> connect() {
   return std::make_unique<StoreClient>(gHost, gPort, gSecret, milliseconds(5000));
@@ -63,101 +54,104 @@ std::string fromHex(const std::string& hex) {
   return out;
 }
 
-void testSetGet() {
+}  // namespace
+
+TEST(setGet) {
   auto c = connect();
   c->set("cpp/a", "alpha");
-  EXPECT(c->get("cpp/a", milliseconds(1000)) == "alpha");
+  CHECK_EQ(c->get("cpp/a", milliseconds(1000)), std::string("alpha"));
   std::string binary("x\0y\xff", 4);  // values are bytes, not C strings
   c->set("cpp/bin", std::vector<char>(binary.begin(), binary.end()));
-  EXPECT(c->get("cpp/bin", milliseconds(1000)) == binary);
+  CHECK(c->get("cpp/bin", milliseconds(1000)) == binary);
   c->set("cpp/a", "");
-  EXPECT(c->get("cpp/a", milliseconds(1000)).empty());
+  CHECK(c->get("cpp/a", milliseconds(1000)).empty());
 }
 
-void testLargeValue() {
+TEST(largeValue) {
   // Bigger than a socket buffer: exercises partial sends and reads.
   auto c = connect();
   std::string big(4 << 20, '\0');
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131);
   c->set("cpp/big", big);
-  EXPECT(c->get("cpp/big", milliseconds(5000)) == big);
+  CHECK(c->get("cpp/big", milliseconds(5000)) == big);
 }
 
-void testValueFromPython() {
+TEST(valueFromPython) {
   auto c = connect();
-  EXPECT(c->get("py/hello", milliseconds(1000)) == "from python");
+  CHECK_EQ(c->get("py/hello", milliseconds(1000)), std::string("from python"));
 }
 
-void testGetTimeout() {
+TEST(getTimeout) {
   auto c = connect();
   auto t0 = Clock::now();
   try {
     c->get("cpp/never", milliseconds(200));
-    EXPECT(false);
+    CHECK(!"get returned a value");
   } catch (const StoreTimeout& e) {
-    EXPECT(e.missingKeys() == std::vector<std::string>{"cpp/never"});
-    EXPECT(contains(e.what(), "cpp/never"));
-    EXPECT(contains(e.what(), c->address()));
+    CHECK_EQ(e.missingKeys(), std::vector<std::string>{"cpp/never"});
+    CHECK(contains(e.what(), "cpp/never"));
+    CHECK(contains(e.what(), c->address()));
   }
   long ms = msSince(t0);
-  EXPECT(ms >= 150 && ms < 3000);
+  CHECK(ms >= 150 && ms < 3000);
   // A timeout is an answer, not a broken connection.
   c->set("cpp/after-timeout", "1");
-  EXPECT(c->check({"cpp/after-timeout"}));
+  CHECK(c->check({"cpp/after-timeout"}));
 }
 
-void testWait() {
+TEST(wait) {
   auto c = connect();
   c->set("cpp/w1", "1");
-  auto missing = c->wait({"cpp/w1", "cpp/w2", "cpp/w3"}, milliseconds(100));
-  EXPECT((missing == std::vector<std::string>{"cpp/w2", "cpp/w3"}));
+  CHECK_EQ(c->wait({"cpp/w1", "cpp/w2", "cpp/w3"}, milliseconds(100)),
+           (std::vector<std::string>{"cpp/w2", "cpp/w3"}));
   c->set("cpp/w2", "2");
   c->set("cpp/w3", "3");
-  EXPECT(c->wait({"cpp/w1", "cpp/w2", "cpp/w3"}, milliseconds(100)).empty());
-  EXPECT(c->wait({}, milliseconds(0)).empty());
+  CHECK(c->wait({"cpp/w1", "cpp/w2", "cpp/w3"}, milliseconds(100)).empty());
+  CHECK(c->wait({}, milliseconds(0)).empty());
 }
 
-void testAddCheckListDelete() {
+TEST(addCheckListDelete) {
   auto c = connect();
-  EXPECT(c->add("cpp/counter", 5) == 5);
-  EXPECT(c->add("cpp/counter", -7) == -2);
-  EXPECT(c->add("cpp/counter", 0) == -2);
-  EXPECT(c->check({"cpp/counter"}));
-  EXPECT(!c->check({"cpp/counter", "cpp/absent"}));
+  CHECK_EQ(c->add("cpp/counter", 5), 5);
+  CHECK_EQ(c->add("cpp/counter", -7), -2);
+  CHECK_EQ(c->add("cpp/counter", 0), -2);
+  CHECK(c->check({"cpp/counter"}));
+  CHECK(!c->check({"cpp/counter", "cpp/absent"}));
   c->set("cpp/list/1", "x");
   c->set("cpp/list/0", "y");
-  EXPECT((c->listKeys("cpp/list/") == std::vector<std::string>{"cpp/list/0", "cpp/list/1"}));
-  EXPECT(c->listKeys("cpp/nothing-here/").empty());
+  CHECK_EQ(c->listKeys("cpp/list/"), (std::vector<std::string>{"cpp/list/0", "cpp/list/1"}));
+  CHECK(c->listKeys("cpp/nothing-here/").empty());
   c->deleteKey("cpp/list/0");
-  EXPECT(!c->check({"cpp/list/0"}));
+  CHECK(!c->check({"cpp/list/0"}));
   c->deleteKey("cpp/list/0");  // deleting a missing key is fine
 }
 
-void testAddOnNonInteger() {
+TEST(addOnNonInteger) {
   auto c = connect();
   c->set("cpp/text", "not eight bytes");
   try {
     c->add("cpp/text", 1);
-    EXPECT(false);
+    CHECK(!"ADD on a non-integer succeeded");
   } catch (const StoreError& e) {
-    EXPECT(contains(e.what(), "cpp/text"));
+    CHECK(contains(e.what(), "cpp/text"));
   }
+  CHECK_EQ(c->get("cpp/text", milliseconds(1000)), std::string("not eight bytes"));
 }
 
-void testWrongSecret() {
+TEST(wrongSecret) {
   try {
     StoreClient bad(gHost, gPort, "wrong secret", milliseconds(5000));
-    EXPECT(false);
+    CHECK(!"a wrong secret was accepted");
   } catch (const StoreError& e) {
-    EXPECT(contains(e.what(), "refused"));
-    EXPECT(contains(e.what(), std::to_string(gPort)));
+    CHECK(contains(e.what(), "refused"));
+    CHECK(contains(e.what(), std::to_string(gPort)));
   }
   auto good = connect();  // the server keeps serving the job's clients
   good->set("cpp/after-bad-secret", "ok");
-  EXPECT(good->get("cpp/after-bad-secret", milliseconds(1000)) == "ok");
+  CHECK_EQ(good->get("cpp/after-bad-secret", milliseconds(1000)), std::string("ok"));
 }
 
-void testWaiterWokenBySet() {
+TEST(waiterWokenBySet) {
   auto waiter = connect();
   auto setter = connect();
   std::string got;
@@ -166,12 +160,13 @@ void testWaiterWokenBySet() {
   auto t0 = Clock::now();
   setter->set("cpp/wake", "up");
   t.join();
-  EXPECT(got == "up");
-  EXPECT(msSince(t0) < 2000);
+  CHECK_EQ(got, std::string("up"));
+  CHECK(msSince(t0) < 2000);
 }
 
-void testSharedClientThreads() {
+TEST(sharedClientThreads) {
   // One client, many threads: the mutex keeps requests and replies paired.
+  // Checks stay on this thread (check.h is single-threaded); workers count errors.
   auto c = connect();
   constexpr int kThreads = 8, kAdds = 200;
   std::vector<std::thread> threads;
@@ -191,56 +186,26 @@ void testSharedClientThreads() {
     });
   }
   for (auto& t : threads) t.join();
-  EXPECT(errors == 0);
-  EXPECT(c->add("cpp/shared", 0) == kThreads * kAdds);
+  CHECK_EQ(errors.load(), 0);
+  CHECK_EQ(c->add("cpp/shared", 0), kThreads * kAdds);
 }
 
-void testConnectTimeout() {
-  // A port nobody listens on: the client retries, then names address and timeout.
-  int port = 1;  // privileged and unused in the test environment
+TEST(connectTimeout) {
+  // Port 1: privileged, nobody listens. The client retries until the timeout,
+  // then names the address and the timeout.
   auto t0 = Clock::now();
   try {
-    StoreClient c("127.0.0.1", port, gSecret, milliseconds(300));
-    EXPECT(false);
+    StoreClient c("127.0.0.1", 1, gSecret, milliseconds(300));
+    CHECK(!"connected to port 1");
   } catch (const StoreError& e) {
-    EXPECT(contains(e.what(), "127.0.0.1:1"));
-    EXPECT(contains(e.what(), "300 ms"));
+    CHECK(contains(e.what(), "127.0.0.1:1"));
+    CHECK(contains(e.what(), "300 ms"));
   }
   long ms = msSince(t0);
-  EXPECT(ms >= 200 && ms < 3000);
+  CHECK(ms >= 200 && ms < 3000);
 }
 
-int runAll() {
-  const std::vector<std::pair<const char*, std::function<void()>>> tests = {
-      {"set_get", testSetGet},
-      {"large_value", testLargeValue},
-      {"value_from_python", testValueFromPython},
-      {"get_timeout", testGetTimeout},
-      {"wait", testWait},
-      {"add_check_list_delete", testAddCheckListDelete},
-      {"add_on_non_integer", testAddOnNonInteger},
-      {"wrong_secret", testWrongSecret},
-      {"waiter_woken_by_set", testWaiterWokenBySet},
-      {"shared_client_threads", testSharedClientThreads},
-      {"connect_timeout", testConnectTimeout},
-  };
-  int passed = 0, failed = 0;
-  for (const auto& [name, fn] : tests) {
-    try {
-      fn();
-      ++passed;
-      std::printf("ok   %s\n", name);
-    } catch (const Failure& f) {
-      ++failed;
-      std::printf("FAIL %s: %s\n", name, f.what.c_str());
-    } catch (const std::exception& e) {
-      ++failed;
-      std::printf("FAIL %s: unexpected exception: %s\n", name, e.what());
-    }
-  }
-  std::printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
-}
+namespace {
 
 // Blocks in get(kForever) until the server goes away; the call must then throw
 // StoreError rather than hang.
@@ -271,5 +236,5 @@ int main(int argc, char** argv) {
   gPort = std::atoi(argv[2]);
   gSecret = fromHex(argv[3]);
   if (argc > 4 && std::string(argv[4]) == "--closed") return runClosed();
-  return runAll();
+  return check::runAll();
 }

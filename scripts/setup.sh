@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian bookworm machine for hvd-torch, idempotently:
+#   1. Debian's Gloo (libgloo-dev), which setup.py links against;
+#   2. a virtual environment in .venv with torch and the dev/test tools;
+#   3. an editable build of hvd_torch._C into that venv.
+# A second run takes a couple of seconds: each step checks before it acts, and
+# the C++ build is skipped make-style unless a source is newer than the .so.
+#
+#   bash scripts/setup.sh        (or: make setup)
+#
+# Environment: PYTHON (default python3) creates the venv; MAX_JOBS (default 2)
+# bounds the compiler's parallelism.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+TORCH_VERSION=2.13.0
+TOOLS=(setuptools wheel ninja numpy pytest pytest-timeout scikit-learn tqdm)
+# Import names for TOOLS, to tell "installed" without asking pip (slow).
+TOOL_MODULES="setuptools wheel ninja numpy pytest pytest_timeout sklearn tqdm"
+
+say() { echo "[setup] $*"; }
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# 1. Gloo --------------------------------------------------------------------
+if [ -f /usr/include/gloo/allreduce.h ]; then
+    say "libgloo-dev: present"
+else
+    say "libgloo-dev: installing (apt-get)"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq libgloo-dev >/dev/null
+fi
+
+# Two setups at once (make demo & make test in parallel) would build into the
+# same tree; the second waits for the first and then finds nothing to do.
+mkdir -p "$VENV"
+exec 9>"$VENV/.setup.lock"
+if command -v flock >/dev/null; then
+    flock 9
+fi
+
+# 2. The venv ------------------------------------------------------------------
+if [ ! -x "$PY" ]; then
+    say "venv: creating $VENV"
+    "${PYTHON:-python3}" -m venv "$VENV"
+else
+    say "venv: present"
+fi
+pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
+
+# find_spec, not import: importing torch and sklearn costs seconds each, and
+# the hvd_torch import below loads torch for real anyway.
+missing() {
+    "$PY" -c 'import importlib.util as u, sys
+print(" ".join(m for m in sys.argv[1:] if u.find_spec(m) is None))' "$@"
+}
+
+if [ -z "$(missing torch)" ]; then
+    say "torch: $("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')"
+else
+    say "torch: installing torch==$TORCH_VERSION (CPU)"
+    pip_install "torch==$TORCH_VERSION"
+fi
+
+# shellcheck disable=SC2086  # TOOL_MODULES is a word list on purpose
+if [ -z "$(missing $TOOL_MODULES)" ]; then
+    say "tools: present"
+else
+    say "tools: installing ${TOOLS[*]}"
+    pip_install "${TOOLS[@]}"
+fi
+
+# 3. The extension ---------------------------------------------------------------
+# Built in place (editable), so the .so sits next to the Python sources.
+SO=$(ls hvd_torch/_C*.so 2>/dev/null | head -n 1 || true)
+reason=""
+if [ -z "$SO" ]; then
+    reason="no built extension"
+elif [ -n "$(find csrc setup.py -newer "$SO" -type f -print -quit)" ]; then
+    reason="sources newer than $SO"
+# From / so that the import finds the installed package, not the checkout.
+elif ! (cd / && "$PY" -c "import hvd_torch") 2>/dev/null; then
+    reason="hvd_torch not importable from the venv"
+elif [ ! -x "$VENV/bin/hvdrun" ]; then
+    reason="hvdrun not installed in the venv"
+fi
+
+if [ -z "$reason" ]; then
+    say "hvd_torch: up to date"
+else
+    say "hvd_torch: building ($reason; a few minutes on 2 cores)"
+    start=$(date +%s)
+    # No build isolation: the extension must be compiled against the venv's torch.
+    MAX_JOBS="${MAX_JOBS:-2}" pip_install --no-build-isolation -e .
+    (cd / && "$PY" -c "import hvd_torch") \
+        || { say "hvd_torch: built but does not import"; exit 1; }
+    say "hvd_torch: built in $(( $(date +%s) - start ))s"
+fi
+say "ready: $VENV (hvdrun: $VENV/bin/hvdrun)"

@@ -1,0 +1,523 @@
+// Negotiation on rank 0 (csrc/core/coordinator.h), driven directly: arrivals
+// from simulated ranks go in, responses come out. Covers readiness across
+// submission orders, the emission order, validation errors that name every
+// rank's value, allgather first dimensions, inline reduction, the response
+// cache and stall reporting.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "core/coordinator.h"
+#include "core/reduce.h"
+
+using namespace hvd;
+
+namespace {
+
+constexpr size_t kNoFusion = 0;
+constexpr size_t kBigFusion = size_t{64} << 20;
+
+Request req(const std::string& name, std::vector<int64_t> shape = {4},
+            DataType dtype = DataType::kFloat32, OpType type = OpType::kAllreduce,
+            ReduceOp op = ReduceOp::kSum) {
+  Request q;
+  q.name = name;
+  q.shape = std::move(shape);
+  q.dtype = dtype;
+  q.type = type;
+  q.reduce_op = op;
+  return q;
+}
+
+Arrival arrive(int rank, const Request& q) {
+  Arrival a;
+  a.rank = rank;
+  a.request = q;
+  return a;
+}
+
+Arrival cached(int rank, int32_t slot) {
+  Arrival a;
+  a.rank = rank;
+  a.cache_id = slot;
+  return a;
+}
+
+template <typename T>
+Arrival withData(int rank, const Request& q, const std::vector<T>& data) {
+  Arrival a = arrive(rank, q);
+  a.has_inline = true;
+  a.inline_data.assign(reinterpret_cast<const char*>(data.data()), data.size() * sizeof(T));
+  return a;
+}
+
+template <typename T>
+std::vector<T> asVector(const std::string& bytes) {
+  std::vector<T> v(bytes.size() / sizeof(T));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(T));
+  return v;
+}
+
+// Names of the responses in emission order, one entry per response
+// ("a+b" for a fused one).
+std::vector<std::string> order(const std::vector<Response>& rs) {
+  std::vector<std::string> out;
+  for (const auto& r : rs) {
+    std::string joined;
+    for (const auto& n : r.names) joined += (joined.empty() ? "" : "+") + n;
+    out.push_back(joined);
+  }
+  return out;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  bool found = text.find(part) != std::string::npos;
+  if (!found) std::printf("    '%s' not in: %s\n", part.c_str(), text.c_str());
+  return found;
+}
+
+// Every rank submits `q` (per-rank variations through `vary`); returns the
+// one response.
+template <typename Vary>
+Response negotiateOne(int size, const Request& q, Vary vary) {
+  Coordinator c(size, kNoFusion, 16);
+  for (int r = 0; r < size; ++r) {
+    Request mine = q;
+    vary(r, mine);
+    CHECK_EQ(c.add(arrive(r, mine)), "");
+  }
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return Response{};
+  return out[0];
+}
+
+}  // namespace
+
+TEST(ready_only_when_every_rank_submitted_in_any_order) {
+  Coordinator c(3, kNoFusion, 16);
+  // rank 0: a b c; rank 1: c b a; rank 2: b c a.
+  CHECK_EQ(c.add(arrive(0, req("a"))), "");
+  CHECK_EQ(c.add(arrive(0, req("b"))), "");
+  CHECK_EQ(c.add(arrive(0, req("c"))), "");
+  CHECK_EQ(c.add(arrive(1, req("c"))), "");
+  CHECK_EQ(c.add(arrive(1, req("b"))), "");
+  CHECK(c.takeReady().empty());
+  CHECK_EQ(c.add(arrive(2, req("b"))), "");
+  std::vector<Response> first = c.takeReady();
+  CHECK_EQ(order(first), (std::vector<std::string>{"b"}));
+  CHECK(c.takeReady().empty());  // taken once
+  CHECK_EQ(c.add(arrive(2, req("c"))), "");
+  CHECK_EQ(c.add(arrive(1, req("a"))), "");
+  CHECK_EQ(c.add(arrive(2, req("a"))), "");
+  std::vector<Response> rest = c.takeReady();
+  CHECK_EQ(order(rest), (std::vector<std::string>{"c", "a"}));
+  for (const auto& r : rest) {
+    CHECK_EQ(r.kind, Response::kExecute);
+    CHECK_EQ(r.type, OpType::kAllreduce);
+    CHECK_EQ(r.cache_ids.size(), 1u);
+  }
+  CHECK(c.waiting().empty());
+}
+
+TEST(emission_order_is_completion_order_and_deterministic) {
+  // Same arrivals, same responses: every rank executes in this one order.
+  auto run = [](size_t fusion) {
+    Coordinator c(2, fusion, 16);
+    const char* names[] = {"w0", "w1", "w2", "w3", "w4"};
+    for (const char* n : names) c.add(arrive(1, req(n)));  // rank 1 first, in order
+    std::vector<std::string> seen;
+    for (int i = 4; i >= 0; --i) {  // rank 0 in reverse: completion order w4..w0
+      c.add(arrive(0, req(names[i])));
+      if (i % 2 == 0) {
+        for (const auto& s : order(c.takeReady())) seen.push_back(s);
+      }
+    }
+    return seen;
+  };
+  std::vector<std::string> a = run(kNoFusion);
+  CHECK_EQ(a, (std::vector<std::string>{"w4", "w3", "w2", "w1", "w0"}));
+  CHECK_EQ(run(kNoFusion), a);
+  // With fusion, each batch that became ready together is one response, in
+  // completion order inside it.
+  std::vector<std::string> fused = run(kBigFusion);
+  CHECK_EQ(fused, (std::vector<std::string>{"w4", "w3+w2", "w1+w0"}));
+  CHECK_EQ(run(kBigFusion), fused);
+}
+
+TEST(mismatched_shape_names_tensor_and_each_rank) {
+  Response r = negotiateOne(3, req("grad"), [](int rank, Request& q) {
+    if (rank == 2) q.shape = {5, 2};
+  });
+  CHECK_EQ(r.kind, Response::kError);
+  CHECK_EQ(r.names, (std::vector<std::string>{"grad"}));
+  CHECK_EQ(r.cache_ids, (std::vector<int32_t>{-1}));
+  CHECK(contains(r.error, "'grad'"));
+  CHECK(contains(r.error, "shapes"));
+  CHECK(contains(r.error, "rank 0 [4]"));
+  CHECK(contains(r.error, "rank 1 [4]"));
+  CHECK(contains(r.error, "rank 2 [5, 2]"));
+}
+
+TEST(mismatched_dtype_names_each_rank) {
+  Response r = negotiateOne(2, req("x"), [](int rank, Request& q) {
+    if (rank == 1) q.dtype = DataType::kFloat16;
+  });
+  CHECK_EQ(r.kind, Response::kError);
+  CHECK(contains(r.error, "'x'"));
+  CHECK(contains(r.error, "dtypes"));
+  CHECK(contains(r.error, "rank 0 float32"));
+  CHECK(contains(r.error, "rank 1 float16"));
+}
+
+TEST(mismatched_reduce_op_names_each_rank) {
+  Response r = negotiateOne(2, req("x"), [](int rank, Request& q) {
+    q.reduce_op = rank == 0 ? ReduceOp::kSum : ReduceOp::kMax;
+  });
+  CHECK_EQ(r.kind, Response::kError);
+  CHECK(contains(r.error, "'x'"));
+  CHECK(contains(r.error, "rank 0 Sum"));
+  CHECK(contains(r.error, "rank 1 Max"));
+}
+
+TEST(mismatched_prescale_and_postscale_name_each_rank) {
+  Response pre = negotiateOne(2, req("x"), [](int rank, Request& q) {
+    if (rank == 1) q.prescale = 0.5;
+  });
+  CHECK_EQ(pre.kind, Response::kError);
+  CHECK(contains(pre.error, "'x'"));
+  CHECK(contains(pre.error, "prescale"));
+  CHECK(contains(pre.error, "rank 0 1"));
+  CHECK(contains(pre.error, "rank 1 0.5"));
+  Response post =
+      negotiateOne(2, req("y"), [](int rank, Request& q) { q.postscale = rank == 0 ? 2.0 : 0.25; });
+  CHECK_EQ(post.kind, Response::kError);
+  CHECK(contains(post.error, "'y'"));
+  CHECK(contains(post.error, "postscale"));
+  CHECK(contains(post.error, "rank 0 2"));
+  CHECK(contains(post.error, "rank 1 0.25"));
+}
+
+TEST(mismatched_root_rank_names_each_rank) {
+  Request b = req("params", {3}, DataType::kFloat32, OpType::kBroadcast);
+  Response r = negotiateOne(3, b, [](int rank, Request& q) { q.root_rank = rank == 1 ? 2 : 0; });
+  CHECK_EQ(r.kind, Response::kError);
+  CHECK_EQ(r.type, OpType::kBroadcast);
+  CHECK(contains(r.error, "'params'"));
+  CHECK(contains(r.error, "root"));
+  CHECK(contains(r.error, "rank 0 0"));
+  CHECK(contains(r.error, "rank 1 2"));
+  CHECK(contains(r.error, "rank 2 0"));
+  // Agreeing roots are fine, and broadcast ignores reduce op and scales.
+  Response ok = negotiateOne(2, b, [](int rank, Request& q) {
+    q.root_rank = 1;
+    q.reduce_op = rank == 0 ? ReduceOp::kSum : ReduceOp::kMin;
+  });
+  CHECK_EQ(ok.kind, Response::kExecute);
+}
+
+TEST(mismatched_op_type_names_each_rank) {
+  Response r = negotiateOne(2, req("t"), [](int rank, Request& q) {
+    if (rank == 1) q.type = OpType::kBroadcast;
+  });
+  CHECK_EQ(r.kind, Response::kError);
+  CHECK(contains(r.error, "'t'"));
+  CHECK(contains(r.error, "rank 0 allreduce"));
+  CHECK(contains(r.error, "rank 1 broadcast"));
+}
+
+TEST(mismatched_process_set_names_each_rank) {
+  Response r = negotiateOne(2, req("t"), [](int rank, Request& q) { q.process_set = rank; });
+  CHECK_EQ(r.kind, Response::kError);
+  CHECK(contains(r.error, "'t'"));
+  CHECK(contains(r.error, "rank 0 0"));
+  CHECK(contains(r.error, "rank 1 1"));
+}
+
+TEST(error_responses_take_no_cache_slot_and_the_name_is_free_again) {
+  Coordinator c(2, kNoFusion, 16);
+  c.add(arrive(0, req("t", {4})));
+  c.add(arrive(1, req("t", {5})));
+  std::vector<Response> out = c.takeReady();
+  CHECK_EQ(out.size(), 1u);
+  CHECK_EQ(c.cacheSize(), 0u);
+  // The same name can be submitted again and now agrees.
+  CHECK_EQ(c.add(arrive(0, req("t", {4}))), "");
+  CHECK_EQ(c.add(arrive(1, req("t", {4}))), "");
+  out = c.takeReady();
+  if (CHECK_EQ(out.size(), 1u)) {
+    CHECK_EQ(out[0].kind, Response::kExecute);
+    CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{0}));
+  }
+}
+
+TEST(allgather_first_dims_per_rank) {
+  Request g = req("gather", {2, 3}, DataType::kInt64, OpType::kAllgather);
+  Response r = negotiateOne(3, g, [](int rank, Request& q) {
+    q.shape[0] = rank == 0 ? 2 : rank == 1 ? 0 : 5;
+  });
+  CHECK_EQ(r.kind, Response::kExecute);
+  CHECK_EQ(r.type, OpType::kAllgather);
+  CHECK_EQ(r.first_dims, (std::vector<std::vector<int64_t>>{{2, 0, 5}}));
+
+  // A scalar counts as one row per rank.
+  Response s =
+      negotiateOne(2, req("s", {}, DataType::kFloat32, OpType::kAllgather), [](int, Request&) {});
+  CHECK_EQ(s.first_dims, (std::vector<std::vector<int64_t>>{{1, 1}}));
+
+  // All dimensions but the first must agree.
+  Response bad = negotiateOne(2, g, [](int rank, Request& q) { q.shape[1] = rank == 0 ? 3 : 4; });
+  CHECK_EQ(bad.kind, Response::kError);
+  CHECK(contains(bad.error, "'gather'"));
+  CHECK(contains(bad.error, "rank 0 [2, 3]"));
+  CHECK(contains(bad.error, "rank 1 [2, 4]"));
+  Response rank_count = negotiateOne(2, g, [](int rank, Request& q) {
+    if (rank == 1) q.shape = {2};
+  });
+  CHECK_EQ(rank_count.kind, Response::kError);
+}
+
+TEST(allgathers_and_broadcasts_are_not_fused) {
+  Coordinator c(2, kBigFusion, 16);
+  for (int r = 0; r < 2; ++r) {
+    c.add(arrive(r, req("g1", {2}, DataType::kFloat32, OpType::kAllgather)));
+    c.add(arrive(r, req("g2", {2}, DataType::kFloat32, OpType::kAllgather)));
+    c.add(arrive(r, req("b1", {2}, DataType::kFloat32, OpType::kBroadcast)));
+    c.add(arrive(r, req("b2", {2}, DataType::kFloat32, OpType::kBroadcast)));
+  }
+  std::vector<Response> out = c.takeReady();
+  CHECK_EQ(order(out), (std::vector<std::string>{"g1", "g2", "b1", "b2"}));
+}
+
+TEST(barrier_is_done_without_data) {
+  Request b = req("barrier", {}, DataType::kFloat32, OpType::kBarrier);
+  Response r = negotiateOne(3, b, [](int rank, Request& q) { q.shape = {rank}; });
+  CHECK_EQ(r.kind, Response::kDone);
+  CHECK_EQ(r.type, OpType::kBarrier);
+  CHECK(r.inline_result.empty());
+}
+
+TEST(inline_sum_with_prescale_and_postscale_on_three_ranks) {
+  Coordinator c(3, kBigFusion, 16);
+  Request q = req("small", {4});
+  q.prescale = 2.0;
+  q.postscale = 0.5;
+  std::vector<std::vector<float>> data = {{1, 2, -3, 0.5f}, {2, 4, 6, 1}, {3, 0, -3, 1.5f}};
+  for (int r = 0; r < 3; ++r) CHECK_EQ(c.add(withData(r, q, data[r])), "");
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kInline);
+  CHECK_EQ(out[0].names, (std::vector<std::string>{"small"}));
+  CHECK_EQ(out[0].inline_result.size(), 16u);
+  CHECK_EQ(asVector<float>(out[0].inline_result), (std::vector<float>{6, 6, 0, 3}));
+}
+
+TEST(inline_average_with_prescale_and_postscale_on_three_ranks) {
+  Coordinator c(3, kBigFusion, 16);
+  Request q = req("avg", {4}, DataType::kFloat32, OpType::kAllreduce, ReduceOp::kAverage);
+  q.prescale = 0.5;
+  q.postscale = 4.0;
+  std::vector<std::vector<float>> data = {{1, 2, -3, 0.5f}, {2, 4, 6, 1}, {3, 0, -3, 1.5f}};
+  for (int r = 0; r < 3; ++r) c.add(withData(r, q, data[r]));
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kInline);
+  // sum(x * 0.5) / 3 * 4
+  CHECK_EQ(asVector<float>(out[0].inline_result), (std::vector<float>{4, 4, 0, 2}));
+
+  // Integer Average floors, like Horovod (torch.floor_divide).
+  Coordinator ci(3, kBigFusion, 16);
+  Request qi = req("iavg", {3}, DataType::kInt32, OpType::kAllreduce, ReduceOp::kAverage);
+  std::vector<std::vector<int32_t>> idata = {{-7, 1, 9}, {0, 1, 0}, {0, 0, 1}};
+  for (int r = 0; r < 3; ++r) ci.add(withData(r, qi, idata[r]));
+  out = ci.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(asVector<int32_t>(out[0].inline_result), (std::vector<int32_t>{-3, 0, 3}));
+}
+
+TEST(inline_min_applies_prescale_before_reducing) {
+  Coordinator c(3, kBigFusion, 16);
+  Request q = req("m", {4}, DataType::kFloat32, OpType::kAllreduce, ReduceOp::kMin);
+  q.prescale = -1.0;  // min(-x) = -max(x): shows the order of scale and reduce
+  q.postscale = 2.0;
+  std::vector<std::vector<float>> data = {{1, 2, -3, 0.5f}, {2, 4, 6, 1}, {3, 0, -3, 1.5f}};
+  for (int r = 0; r < 3; ++r) c.add(withData(r, q, data[r]));
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kInline);
+  CHECK_EQ(asVector<float>(out[0].inline_result), (std::vector<float>{-6, -8, -12, -3}));
+}
+
+TEST(inline_float16_sum_rounds_like_the_backend) {
+  Coordinator c(3, kBigFusion, 16);
+  Request q = req("h", {2}, DataType::kFloat16);
+  std::vector<std::vector<uint16_t>> data = {{floatToHalf(2048), floatToHalf(0.5f)},
+                                             {floatToHalf(1), floatToHalf(0.25f)},
+                                             {floatToHalf(1), floatToHalf(-1)}};
+  for (int r = 0; r < 3; ++r) c.add(withData(r, q, data[r]));
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  // Rank order, rounding after each step: (2048 + 1) -> 2048, + 1 -> 2048.
+  CHECK_EQ(asVector<uint16_t>(out[0].inline_result),
+           (std::vector<uint16_t>{floatToHalf(2048), floatToHalf(-0.25f)}));
+}
+
+TEST(inline_only_when_every_rank_sent_data) {
+  Coordinator c(2, kBigFusion, 16);
+  Request q = req("mixed", {2});
+  c.add(withData(0, q, std::vector<float>{1, 2}));
+  c.add(arrive(1, q));
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kExecute);
+  CHECK(out[0].inline_result.empty());
+}
+
+TEST(inline_results_are_not_fused_with_executed_allreduces) {
+  Coordinator c(2, kBigFusion, 16);
+  for (int r = 0; r < 2; ++r) {
+    c.add(arrive(r, req("big1")));
+    c.add(withData(r, req("tiny"), std::vector<float>{1, 2, 3, 4}));
+    c.add(arrive(r, req("big2")));
+  }
+  std::vector<Response> out = c.takeReady();
+  CHECK_EQ(order(out), (std::vector<std::string>{"big1+big2", "tiny"}));
+  if (out.size() == 2) {
+    CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{0, 2}));
+    CHECK_EQ(out[1].kind, Response::kInline);
+    CHECK_EQ(asVector<float>(out[1].inline_result), (std::vector<float>{2, 4, 6, 8}));
+  }
+}
+
+TEST(cache_second_negotiation_by_slot_id_reuses_the_slot) {
+  Coordinator c(3, kNoFusion, 16);
+  Request g = req("feat", {2, 8}, DataType::kFloat32, OpType::kAllgather);
+  for (int r = 0; r < 3; ++r) {
+    Request mine = g;
+    mine.shape[0] = r + 1;
+    c.add(arrive(r, mine));
+  }
+  std::vector<Response> first = c.takeReady();
+  if (!CHECK_EQ(first.size(), 1u)) return;
+  CHECK_EQ(first[0].cache_ids, (std::vector<int32_t>{0}));
+  CHECK_EQ(c.cacheSize(), 1u);
+
+  // Steady state: every rank sends only the slot; the coordinator recovers
+  // each rank's own request (name, first dimension) from it.
+  for (int r = 0; r < 3; ++r) CHECK_EQ(c.add(cached(r, 0)), "");
+  std::vector<Response> second = c.takeReady();
+  if (!CHECK_EQ(second.size(), 1u)) return;
+  CHECK_EQ(second[0].kind, Response::kExecute);
+  CHECK_EQ(second[0].names, (std::vector<std::string>{"feat"}));
+  CHECK_EQ(second[0].cache_ids, (std::vector<int32_t>{0}));
+  CHECK_EQ(second[0].first_dims, (std::vector<std::vector<int64_t>>{{1, 2, 3}}));
+  CHECK_EQ(c.cacheSize(), 1u);  // no new slot
+}
+
+TEST(cache_slots_work_with_inline_data) {
+  Coordinator c(2, kNoFusion, 16);
+  Request q = req("loss", {1}, DataType::kFloat32, OpType::kAllreduce, ReduceOp::kAverage);
+  c.add(withData(0, q, std::vector<float>{1}));
+  c.add(withData(1, q, std::vector<float>{3}));
+  std::vector<Response> first = c.takeReady();
+  if (!CHECK_EQ(first.size(), 1u)) return;
+  CHECK_EQ(first[0].cache_ids, (std::vector<int32_t>{0}));
+  CHECK_EQ(asVector<float>(first[0].inline_result), (std::vector<float>{2}));
+  for (int r = 0; r < 2; ++r) {
+    Arrival a = cached(r, 0);
+    a.has_inline = true;
+    float v = r == 0 ? 10.0f : 20.0f;
+    a.inline_data.assign(reinterpret_cast<const char*>(&v), 4);
+    c.add(std::move(a));
+  }
+  std::vector<Response> second = c.takeReady();
+  if (!CHECK_EQ(second.size(), 1u)) return;
+  CHECK_EQ(second[0].kind, Response::kInline);
+  CHECK_EQ(second[0].cache_ids, (std::vector<int32_t>{0}));
+  CHECK_EQ(asVector<float>(second[0].inline_result), (std::vector<float>{15}));
+}
+
+TEST(cache_full_or_disabled_gives_no_slot) {
+  Coordinator c(2, kNoFusion, 1);
+  for (int r = 0; r < 2; ++r) c.add(arrive(r, req("a")));
+  for (int r = 0; r < 2; ++r) c.add(arrive(r, req("b")));
+  std::vector<Response> out = c.takeReady();
+  if (CHECK_EQ(out.size(), 2u)) {
+    CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{0}));
+    CHECK_EQ(out[1].cache_ids, (std::vector<int32_t>{-1}));
+    CHECK_EQ(out[1].kind, Response::kExecute);
+  }
+  CHECK_EQ(c.cacheSize(), 1u);
+  Coordinator off(2, kNoFusion, 0);
+  for (int r = 0; r < 2; ++r) off.add(arrive(r, req("a")));
+  out = off.takeReady();
+  if (CHECK_EQ(out.size(), 1u)) CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{-1}));
+}
+
+TEST(cache_mixed_slot_and_full_request_is_validated) {
+  Coordinator c(2, kNoFusion, 16);
+  for (int r = 0; r < 2; ++r) c.add(arrive(r, req("t")));
+  c.takeReady();
+  // Rank 0 names the slot, rank 1 sends a request that disagrees with it.
+  CHECK_EQ(c.add(cached(0, 0)), "");
+  CHECK_EQ(c.add(arrive(1, req("t", {9}))), "");
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kError);
+  CHECK(contains(out[0].error, "rank 0 [4]"));
+  CHECK(contains(out[0].error, "rank 1 [9]"));
+}
+
+TEST(unknown_cache_slot_is_an_error) {
+  Coordinator c(2, kNoFusion, 16);
+  std::string err = c.add(cached(1, 7));
+  CHECK(!err.empty());
+  CHECK(contains(err, "7"));
+  CHECK(contains(err, "rank 1"));
+  CHECK(c.takeReady().empty());
+  CHECK(c.waiting().empty());
+  CHECK(!c.add(cached(0, 999)).empty());
+}
+
+TEST(duplicate_arrival_from_one_rank_is_an_error) {
+  Coordinator c(2, kNoFusion, 16);
+  CHECK_EQ(c.add(arrive(0, req("dup"))), "");
+  std::string err = c.add(arrive(0, req("dup")));
+  CHECK(contains(err, "'dup'"));
+  CHECK(contains(err, "rank 0"));
+  CHECK(contains(err, "already in flight"));
+  CHECK(c.takeReady().empty());
+  // The first arrival still counts.
+  CHECK_EQ(c.add(arrive(1, req("dup"))), "");
+  std::vector<Response> out = c.takeReady();
+  if (CHECK_EQ(out.size(), 1u)) CHECK_EQ(out[0].kind, Response::kExecute);
+}
+
+TEST(waiting_lists_missing_ranks) {
+  Coordinator c(4, kNoFusion, 16);
+  c.add(arrive(1, req("x")));
+  c.add(arrive(3, req("x")));
+  c.add(arrive(0, req("y")));
+  std::vector<Coordinator::Waiting> w = c.waiting();
+  std::sort(w.begin(), w.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  if (CHECK_EQ(w.size(), 2u)) {
+    CHECK_EQ(w[0].name, "x");
+    CHECK_EQ(w[0].missing_ranks, (std::vector<int>{0, 2}));
+    CHECK_EQ(w[1].name, "y");
+    CHECK_EQ(w[1].missing_ranks, (std::vector<int>{1, 2, 3}));
+    CHECK(w[0].waited.count() >= 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  w = c.waiting();
+  for (const auto& one : w) CHECK(one.waited >= std::chrono::milliseconds(5));
+  for (int r : {0, 2}) c.add(arrive(r, req("x")));
+  c.takeReady();
+  w = c.waiting();
+  if (CHECK_EQ(w.size(), 1u)) CHECK_EQ(w[0].name, "y");
+}
+
+int main() { return check::runAll(); }

@@ -1,0 +1,368 @@
+// Request and Response wire encoding (csrc/core/message.h): every field
+// survives a round trip, and a frame that is cut short or carries an absurd
+// count throws WireError instead of reading past the end.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "core/message.h"
+#include "core/response_cache.h"
+
+using namespace hvd;
+
+namespace {
+
+Request sampleRequest() {
+  Request q;
+  q.type = OpType::kBroadcast;
+  q.dtype = DataType::kBFloat16;
+  q.reduce_op = ReduceOp::kProduct;
+  q.root_rank = 3;
+  q.process_set = 7;
+  q.prescale = 0.25;
+  q.postscale = -1e300;
+  q.name = "grad/layer.0/weight";
+  q.shape = {2, 0, 5, int64_t{1} << 40};
+  return q;
+}
+
+std::string encode(const Request& q) {
+  Writer w;
+  q.encode(w);
+  return std::move(w.buffer());
+}
+
+std::string encode(const Response& p) {
+  Writer w;
+  p.encode(w);
+  return std::move(w.buffer());
+}
+
+Request decodeRequest(const std::string& bytes) {
+  Reader r(bytes);
+  return Request::decode(r);
+}
+
+Response decodeResponse(const std::string& bytes) {
+  Reader r(bytes);
+  return Response::decode(r);
+}
+
+void checkSameResponse(const Response& a, const Response& b) {
+  CHECK_EQ(a.kind, b.kind);
+  CHECK_EQ(a.type, b.type);
+  CHECK_EQ(a.names, b.names);
+  CHECK_EQ(a.first_dims, b.first_dims);
+  CHECK_EQ(a.cache_ids, b.cache_ids);
+  CHECK_EQ(a.error, b.error);
+  CHECK_EQ(a.inline_result, b.inline_result);
+}
+
+// Runs `body` in a child process whose address space is capped at `limit`
+// bytes, so an allocation sized by a corrupt count fails quickly instead of
+// taking the machine's memory. Returns the child's exit code.
+int inChildWithMemoryLimit(size_t limit, int (*body)()) {
+  std::fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    rlimit lim{limit, limit};
+    setrlimit(RLIMIT_AS, &lim);
+    _exit(body());
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+// 0: WireError, 1: decoded without error, 2: std::bad_alloc, 3: other.
+template <typename Decode>
+int classify(Decode decode) {
+  try {
+    decode();
+    return 1;
+  } catch (const WireError&) {
+    return 0;
+  } catch (const std::bad_alloc&) {
+    return 2;
+  } catch (...) {
+    return 3;
+  }
+}
+
+}  // namespace
+
+TEST(request_round_trip_keeps_every_field) {
+  Request q = sampleRequest();
+  std::string bytes = encode(q);
+  Reader r(bytes);
+  Request back = Request::decode(r);
+  CHECK(r.done());
+  CHECK(back == q);
+  CHECK_EQ(back.type, q.type);
+  CHECK_EQ(back.dtype, q.dtype);
+  CHECK_EQ(back.reduce_op, q.reduce_op);
+  CHECK_EQ(back.root_rank, 3);
+  CHECK_EQ(back.process_set, 7);
+  CHECK_EQ(back.prescale, 0.25);
+  CHECK_EQ(back.postscale, -1e300);
+  CHECK_EQ(back.name, q.name);
+  CHECK_EQ(back.shape, q.shape);
+}
+
+TEST(request_round_trip_scalar_and_every_enum_value) {
+  for (uint8_t t = 0; t <= static_cast<uint8_t>(OpType::kBarrier); ++t) {
+    for (uint8_t d = 0; d <= static_cast<uint8_t>(DataType::kBool); ++d) {
+      for (uint8_t o = 0; o <= static_cast<uint8_t>(ReduceOp::kProduct); ++o) {
+        Request q;
+        q.type = static_cast<OpType>(t);
+        q.dtype = static_cast<DataType>(d);
+        q.reduce_op = static_cast<ReduceOp>(o);
+        q.name = "";  // empty name and scalar shape are legal
+        q.shape = {};
+        Request back = decodeRequest(encode(q));
+        CHECK(back == q);
+      }
+    }
+  }
+}
+
+TEST(request_operator_eq_sees_each_field) {
+  const Request a = sampleRequest();
+  Request b = a;
+  CHECK(a == b);
+  b = a;
+  b.type = OpType::kAllgather;
+  CHECK(!(a == b));
+  b = a;
+  b.dtype = DataType::kFloat16;
+  CHECK(!(a == b));
+  b = a;
+  b.reduce_op = ReduceOp::kSum;
+  CHECK(!(a == b));
+  b = a;
+  b.root_rank = 0;
+  CHECK(!(a == b));
+  b = a;
+  b.process_set = 0;
+  CHECK(!(a == b));
+  b = a;
+  b.prescale = 0.5;
+  CHECK(!(a == b));
+  b = a;
+  b.postscale = 1.0;
+  CHECK(!(a == b));
+  b = a;
+  b.name = "other";
+  CHECK(!(a == b));
+  b = a;
+  b.shape.pop_back();
+  CHECK(!(a == b));
+}
+
+TEST(request_sizes_and_shape_string) {
+  Request q;
+  q.dtype = DataType::kFloat64;
+  q.shape = {3, 4, 5};
+  CHECK_EQ(q.numElements(), 60);
+  CHECK_EQ(q.numBytes(), 480u);
+  CHECK_EQ(q.rowElements(), 20);
+  CHECK_EQ(q.shapeString(), "[3, 4, 5]");
+  q.shape = {};
+  CHECK_EQ(q.numElements(), 1);  // a scalar holds one element
+  CHECK_EQ(q.rowElements(), 1);
+  CHECK_EQ(q.shapeString(), "[]");
+  q.shape = {7, 0};
+  CHECK_EQ(q.numElements(), 0);
+  CHECK_EQ(q.rowElements(), 0);
+}
+
+TEST(response_round_trip_execute_allgather_first_dims) {
+  Response p;
+  p.kind = Response::kExecute;
+  p.type = OpType::kAllgather;
+  p.names = {"a", "bb"};
+  p.first_dims = {{1, 0, 3}, {int64_t{1} << 35, 2, 2}};
+  p.cache_ids = {0, -1};
+  std::string bytes = encode(p);
+  Reader r(bytes);
+  Response back = Response::decode(r);
+  CHECK(r.done());
+  checkSameResponse(back, p);
+}
+
+TEST(response_round_trip_fused_cache_ids) {
+  Response p;
+  p.type = OpType::kAllreduce;
+  for (int i = 0; i < 100; ++i) {
+    p.names.push_back("t" + std::to_string(i));
+    p.cache_ids.push_back(i % 3 == 0 ? -1 : 1000 + i);
+  }
+  checkSameResponse(decodeResponse(encode(p)), p);
+}
+
+TEST(response_round_trip_inline_result_is_binary_safe) {
+  Response p;
+  p.kind = Response::kInline;
+  p.names = {"small"};
+  p.cache_ids = {4};
+  for (int i = 0; i < 1024; ++i) p.inline_result.push_back(static_cast<char>(i & 0xff));
+  Response back = decodeResponse(encode(p));
+  checkSameResponse(back, p);
+  CHECK_EQ(back.inline_result.size(), 1024u);
+  CHECK_EQ(back.inline_result[0], '\0');
+}
+
+TEST(response_round_trip_error_and_done) {
+  Response e;
+  e.kind = Response::kError;
+  e.type = OpType::kBroadcast;
+  e.names = {"x"};
+  e.cache_ids = {-1};
+  e.error = "broadcast 'x': mismatched root ranks across ranks: rank 0 0, rank 1 1";
+  checkSameResponse(decodeResponse(encode(e)), e);
+
+  Response d;
+  d.kind = Response::kDone;
+  d.type = OpType::kBarrier;
+  d.names = {"barrier.0"};
+  checkSameResponse(decodeResponse(encode(d)), d);
+
+  Response empty;
+  checkSameResponse(decodeResponse(encode(empty)), empty);
+}
+
+TEST(several_messages_back_to_back_in_one_frame) {
+  Writer w;
+  Request q = sampleRequest();
+  Response p;
+  p.names = {"n"};
+  p.cache_ids = {2};
+  q.encode(w);
+  p.encode(w);
+  q.encode(w);
+  Reader r(w.buffer());
+  CHECK(Request::decode(r) == q);
+  checkSameResponse(Response::decode(r), p);
+  CHECK(Request::decode(r) == q);
+  CHECK(r.done());
+}
+
+TEST(truncated_request_throws_wire_error_at_every_length) {
+  std::string bytes = encode(sampleRequest());
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    std::string cut = bytes.substr(0, n);
+    CHECK_THROWS(decodeRequest(cut), WireError);
+  }
+}
+
+TEST(truncated_response_throws_wire_error_at_every_length) {
+  Response p;
+  p.kind = Response::kInline;
+  p.type = OpType::kAllgather;
+  p.names = {"a", "b"};
+  p.first_dims = {{1, 2}, {3, 4}};
+  p.cache_ids = {5, 6};
+  p.error = "err";
+  p.inline_result = "data";
+  std::string bytes = encode(p);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    std::string cut = bytes.substr(0, n);
+    CHECK_THROWS(decodeResponse(cut), WireError);
+  }
+}
+
+TEST(reader_primitives) {
+  Writer w;
+  w.put<uint8_t>(0xab);
+  w.put<int64_t>(-2);
+  w.putString("hi");
+  w.putBytes("\0\1\2", 3);
+  CHECK_EQ(w.size(), 1u + 8 + 4 + 2 + 4 + 3);
+  Reader r(w.buffer());
+  CHECK_EQ(r.get<uint8_t>(), 0xab);
+  CHECK_EQ(r.get<int64_t>(), -2);
+  CHECK_EQ(r.getString(), "hi");
+  uint32_t n = 0;
+  const char* p = r.getBytes(&n);
+  CHECK_EQ(n, 3u);
+  CHECK_EQ(std::string(p, n), std::string("\0\1\2", 3));
+  CHECK(r.done());
+  CHECK_THROWS(r.get<uint8_t>(), WireError);
+  // Little-endian on the wire.
+  CHECK_EQ(static_cast<uint8_t>(w.buffer()[1]), 0xfe);
+}
+
+TEST(string_length_beyond_the_frame_throws_wire_error) {
+  Writer w;
+  w.put<uint32_t>(0xffffffffu);
+  w.append("abc", 3);
+  Reader r(w.buffer());
+  CHECK_THROWS(r.getString(), WireError);
+}
+
+// A frame whose element count is corrupt (here the shape's rank or the names
+// count says 2^32 - 1 with nothing after it) must fail as a malformed frame,
+// like a truncated one. The decoders size their vectors from the count before
+// reading, so the failure is whatever a 32 to 128 GiB allocation does on this
+// machine; under a 1 GiB address-space cap that is std::bad_alloc.
+TEST(corrupt_count_throws_wire_error_not_a_huge_allocation) {
+  constexpr size_t kCap = size_t{1} << 30;
+  int shape = inChildWithMemoryLimit(kCap, [] {
+    Writer w;
+    Request q;
+    q.name = "x";
+    q.shape = {};
+    q.encode(w);
+    std::string bytes = w.buffer();
+    uint32_t huge = 0xffffffffu;
+    std::memcpy(&bytes[bytes.size() - 4], &huge, 4);  // the shape's dim count
+    return classify([&] { decodeRequest(bytes); });
+  });
+  if (!CHECK_EQ(shape, 0)) std::printf("  (Request shape count: 1 = no error, 2 = bad_alloc)\n");
+
+  int names = inChildWithMemoryLimit(kCap, [] {
+    Writer w;
+    w.put<uint8_t>(0);
+    w.put<uint8_t>(0);
+    w.put<uint32_t>(0xffffffffu);  // names count
+    return classify([&] { decodeResponse(w.buffer()); });
+  });
+  if (!CHECK_EQ(names, 0)) std::printf("  (Response names count: 1 = no error, 2 = bad_alloc)\n");
+}
+
+TEST(rank_cache_key_is_the_encoded_request) {
+  Request q = sampleRequest();
+  CHECK_EQ(RankCache::key(q), encode(q));
+  RankCache cache;
+  CHECK_EQ(cache.lookup(RankCache::key(q)), -1);
+  cache.remember(RankCache::key(q), 9);
+  CHECK_EQ(cache.lookup(RankCache::key(q)), 9);
+  Request other = q;
+  other.shape[0] = 3;
+  CHECK_EQ(cache.lookup(RankCache::key(other)), -1);
+  CHECK_EQ(cache.size(), 1u);
+}
+
+TEST(coordinator_cache_slots_are_dense_and_bounded) {
+  CoordinatorCache cache(2);
+  Request q = sampleRequest();
+  CHECK_EQ(cache.insert({q, q}), 0);
+  CHECK_EQ(cache.insert({q}), 1);
+  CHECK_EQ(cache.insert({q}), -1);  // full
+  CHECK_EQ(cache.size(), 2u);
+  if (CHECK(cache.find(0) != nullptr)) CHECK_EQ(cache.find(0)->size(), 2u);
+  CHECK(cache.find(2) == nullptr);
+  CHECK(cache.find(-1) == nullptr);
+  CoordinatorCache off(0);
+  CHECK_EQ(off.insert({q}), -1);
+}
+
+int main() { return check::runAll(); }

@@ -1,0 +1,403 @@
+"""Failure paths, for real: a caller's mistake, a dead rank, a rendezvous that
+cannot complete, use before init() and after shutdown(), and living next to
+torch.distributed's own Gloo in one process.
+
+A caller's mistake raises RuntimeError on every rank at once, naming the
+tensor and each rank's value, and the job goes on; a dead peer raises
+HorovodInternalError within seconds.  See docs/errors.md.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+try:
+    from dist_harness import RankFailure, run_ranks
+except ImportError:  # tests/ imported as a package
+    from tests.dist_harness import RankFailure, run_ranks
+
+TIMEOUT = 90
+FAST = 10.0  # seconds: "at once" for an error every rank must see
+
+
+def _attempt(fn):
+    """(exception class name or None, message, seconds) of calling fn."""
+    start = time.monotonic()
+    try:
+        fn()
+        return None, "", time.monotonic() - start
+    except Exception as e:  # noqa: BLE001  (the test inspects it)
+        return type(e).__name__, str(e), time.monotonic() - start
+
+
+def _attempt_async(hvd, submit, limit=FAST):
+    """Like _attempt for an async op, but gives up after `limit` seconds instead
+    of hanging: ("Hung", ...) then means no rank was told anything."""
+    start = time.monotonic()
+    try:
+        handle = submit()
+        while not hvd.poll(handle):
+            if time.monotonic() - start > limit:
+                return "Hung", f"no result after {limit:g} s", time.monotonic() - start
+            time.sleep(0.005)
+        hvd.synchronize(handle)
+        return None, "", time.monotonic() - start
+    except Exception as e:  # noqa: BLE001
+        return type(e).__name__, str(e), time.monotonic() - start
+
+
+# ---------------------------------------------------------------- rank side
+
+
+def _mismatch_rank():
+    """Every kind of disagreement, each followed by a correct allreduce."""
+    import hvd_torch as hvd
+
+    hvd.init()
+    rank = hvd.rank()
+    other = 0 if rank == 0 else 1  # rank 0 differs from everyone else
+    res = {}
+
+    def check(kind, fn):
+        res[kind] = _attempt(fn)
+        res[kind + ".after"] = hvd.allreduce(torch.tensor([1.0]), name="after." + kind, op=hvd.Sum)
+
+    check("shape", lambda: hvd.allreduce(torch.ones(rank + 1), name="bad.shape"))
+    check("dtype", lambda: hvd.allreduce(
+        torch.ones(2, dtype=torch.float32 if other == 0 else torch.float64), name="bad.dtype"))
+    check("op", lambda: hvd.allreduce(torch.ones(2), name="bad.op",
+                                      op=hvd.Sum if other == 0 else hvd.Max))
+    check("prescale", lambda: hvd.allreduce(torch.ones(2), name="bad.prescale",
+                                            prescale_factor=1.0 + 0.5 * rank))
+    check("postscale", lambda: hvd.allreduce(torch.ones(2), name="bad.postscale",
+                                             postscale_factor=1.0 + 0.5 * rank))
+    check("large.shape", lambda: hvd.allreduce(torch.ones(10_000 + rank), name="bad.large.shape"))
+    check("root", lambda: hvd.broadcast(torch.ones(2), rank, name="bad.root"))
+    check("broadcast.shape", lambda: hvd.broadcast(torch.ones(rank + 1), 0, name="bad.bshape"))
+    check("allgather.shape", lambda: hvd.allgather(torch.ones(1, rank + 1), name="bad.gshape"))
+    check("allgather.dtype", lambda: hvd.allgather(
+        torch.ones(1, dtype=torch.int32 if other == 0 else torch.int64), name="bad.gdtype"))
+    # Unnamed ops with mismatched shapes: the error names the generated name.
+    check("unnamed", lambda: hvd.allreduce(torch.ones(rank + 2)))
+    # The same user name, a different collective: allreduce on rank 0, allgather elsewhere.
+    res["optype"] = _attempt_async(hvd, limit=5.0, submit=lambda: (
+        hvd.allreduce_async(torch.ones(2), name="bad.optype") if rank == 0
+        else hvd.allgather_async(torch.ones(2), name="bad.optype")))
+    res["optype.after"] = hvd.allreduce(torch.tensor([1.0]), name="after.optype", op=hvd.Sum)
+
+    # Local argument errors, raised before any communication.
+    for form in ("allreduce", "allgather", "broadcast"):
+        args = (0,) if form == "broadcast" else ()
+        res["complex." + form] = _attempt(
+            lambda: getattr(hvd, form)(torch.ones(2, dtype=torch.complex64), *args, name="cplx"))
+    res["adasum"] = _attempt(lambda: hvd.allreduce(torch.ones(2), name="adasum", op=hvd.Adasum))
+    res["end"] = hvd.allreduce(torch.tensor([float(rank)]), name="end", op=hvd.Sum)
+    hvd.shutdown()
+    return res
+
+
+def _duplicate_rank():
+    """For each rank d in turn: d submits the same name twice while the others
+    hold back, so d's first op cannot have completed when the second arrives."""
+    import hvd_torch as hvd
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    res = []
+    for dup in range(size):
+        name = f"dup.{dup}"
+        x = torch.full((3,), float(rank + 1))
+        if rank == dup:
+            first = hvd.allreduce_async(x, name=name, op=hvd.Sum)
+            second = _attempt(lambda: hvd.synchronize(hvd.allreduce_async(x, name=name, op=hvd.Sum)))
+            res.append((second, hvd.synchronize(first)))
+        else:
+            time.sleep(0.5)
+            res.append((None, hvd.allreduce(x, name=name, op=hvd.Sum)))
+    res.append(hvd.allreduce(torch.ones(1), name="dup.after", op=hvd.Sum))
+    hvd.shutdown()
+    return res
+
+
+def _dying_rank(victim, how):
+    """Everyone meets once; then the victim dies while the others allreduce."""
+    import hvd_torch as hvd
+
+    hvd.init()
+    hvd.allreduce(torch.ones(1), name="warmup")
+    if hvd.rank() == victim:
+        time.sleep(0.5)  # the others are inside the next allreduce by now
+        sys.stdout.flush()
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), 9)
+        time.sleep(30)
+    first = _attempt(lambda: hvd.allreduce(torch.ones(100_000), name="doomed"))
+    # The engine is broken now: new ops fail at once with the same kind of error.
+    second = _attempt(lambda: hvd.allreduce(torch.ones(1), name="later"))
+    return {"first": first, "second": second}
+
+
+def _rendezvous_rank():
+    import hvd_torch as hvd
+
+    store = f"{os.environ['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{os.environ['HOROVOD_GLOO_RENDEZVOUS_PORT']}"
+    return store, _attempt(hvd.init), hvd.is_initialized()
+
+
+def _cycles_rank(cycles):
+    import hvd_torch as hvd
+
+    out = []
+    for cycle in range(cycles):
+        hvd.init()
+        assert hvd.is_initialized()
+        rank, size = hvd.rank(), hvd.size()
+        named = hvd.allreduce(torch.tensor([float(rank + cycle)]), name="cycle", op=hvd.Sum)
+        unnamed = hvd.allgather(torch.tensor([rank]))
+        hvd.barrier()
+        hvd.shutdown()
+        after = {
+            "is_initialized": hvd.is_initialized(),
+            "allreduce": _attempt(lambda: hvd.allreduce(torch.ones(1), name="x")),
+            "allreduce_async": _attempt(lambda: hvd.allreduce_async(torch.ones(1))),
+            "broadcast": _attempt(lambda: hvd.broadcast(torch.ones(1), 0)),
+            "raw": _attempt(lambda: torch.ops.hvd_torch.allgather(torch.ones(1))),
+            "rank": _attempt(hvd.rank),
+        }
+        out.append((size, named, unnamed, after))
+    hvd.shutdown()  # a second shutdown is harmless
+    return out
+
+
+def _with_torch_distributed(port):
+    import torch.distributed as dist
+
+    import hvd_torch as hvd
+    from hvd_torch import _C
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=__import__("datetime").timedelta(seconds=30))
+    out = []
+    for step in range(3):  # interleaved, so each library runs with the other's state live
+        x = torch.arange(1000, dtype=torch.float32) * (rank + 1 + step)
+        y = x.clone()
+        dist.all_reduce(y)
+        out.append((y, hvd.allreduce(x, name=f"mix.{step}", op=hvd.Sum)))
+    big = torch.full((50_000,), float(rank))
+    dist.broadcast(big, 1)
+    out.append((big, hvd.allreduce(torch.full((50_000,), float(rank)), name="mix.big", op=hvd.Max)))
+    dist.destroy_process_group()
+    hvd.shutdown()
+    return out, _C.gloo_library_path()
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_ops_before_init_raise_clearly():
+    """In a subprocess, so this test process never starts an engine."""
+    child = textwrap.dedent(
+        """
+        import json, torch
+        import hvd_torch as hvd
+        out = {}
+        for name, fn in [
+            ("allreduce", lambda: hvd.allreduce(torch.ones(1))),
+            ("allgather", lambda: hvd.allgather(torch.ones(1))),
+            ("broadcast", lambda: hvd.broadcast(torch.ones(1), 0)),
+            ("allreduce_async", lambda: hvd.allreduce_async(torch.ones(1))),
+            ("barrier", lambda: hvd.barrier()),
+            ("raw", lambda: torch.ops.hvd_torch.allreduce(torch.ones(1))),
+            ("rank", lambda: hvd.rank()),
+            ("size", lambda: hvd.size()),
+        ]:
+            try:
+                fn()
+                out[name] = None
+            except Exception as e:
+                out[name] = [type(e).__name__, str(e).splitlines()[0]]
+        out["is_initialized"] = hvd.is_initialized()
+        print(json.dumps(out))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    run = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out.pop("is_initialized") is False
+    for name, outcome in out.items():
+        assert outcome is not None, f"{name} before init() did not raise"
+        exc_type, message = outcome
+        assert exc_type == "RuntimeError", (name, outcome)
+        assert "before hvd_torch.init()" in message and "hvd.init()" in message, (name, message)
+        op = "allreduce" if name in ("raw", "allreduce_async") else name
+        assert f"hvd_torch.{op}" in message, (name, message)
+
+
+def test_build_facts_without_cuda():
+    import hvd_torch as hvd  # importing does not start the engine
+
+    assert hvd.nccl_built() is False
+    assert hvd.gloo_built() is True
+    assert not hvd.is_initialized()
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_mismatched_arguments_raise_on_every_rank_and_the_job_goes_on(nranks):
+    results = run_ranks(_mismatch_rank, nranks, timeout=TIMEOUT)
+
+    def each_rank(value):
+        return ", ".join(f"rank {r} {value(r)}" for r in range(nranks))
+
+    def first_other(a, b):
+        return lambda r: a if r == 0 else b
+
+    expected = {
+        "shape": f"allreduce 'allreduce.bad.shape': mismatched shapes across ranks: "
+                 f"{each_rank(lambda r: [r + 1])}",
+        "dtype": f"allreduce 'allreduce.bad.dtype': mismatched dtypes across ranks: "
+                 f"{each_rank(first_other('float32', 'float64'))}",
+        "op": f"allreduce 'allreduce.bad.op': mismatched reduce ops across ranks: "
+              f"{each_rank(first_other('Sum', 'Max'))}",
+        "prescale": f"allreduce 'allreduce.bad.prescale': mismatched prescale factors across ranks: "
+                    f"{each_rank(lambda r: f'{1.0 + 0.5 * r:g}')}",
+        "postscale": f"allreduce 'allreduce.bad.postscale': mismatched postscale factors across "
+                     f"ranks: {each_rank(lambda r: f'{1.0 + 0.5 * r:g}')}",
+        "large.shape": f"allreduce 'allreduce.bad.large.shape': mismatched shapes across ranks: "
+                       f"{each_rank(lambda r: [10_000 + r])}",
+        "root": f"broadcast 'broadcast.bad.root': mismatched root ranks across ranks: "
+                f"{each_rank(lambda r: r)}",
+        "broadcast.shape": f"broadcast 'broadcast.bad.bshape': mismatched shapes across ranks: "
+                           f"{each_rank(lambda r: [r + 1])}",
+        "allgather.shape": f"allgather 'allgather.bad.gshape': mismatched shapes (all dimensions "
+                           f"but the first must match) across ranks: "
+                           f"{each_rank(lambda r: [1, r + 1])}",
+        "allgather.dtype": f"allgather 'allgather.bad.gdtype': mismatched dtypes across ranks: "
+                           f"{each_rank(first_other('int32', 'int64'))}",
+        "unnamed": f"mismatched shapes across ranks: {each_rank(lambda r: [r + 2])}",
+    }
+    for rank, res in enumerate(results):
+        what = f"rank {rank} of {nranks}"
+        for kind, text in expected.items():
+            exc_type, message, elapsed = res[kind]
+            assert exc_type == "RuntimeError", f"{what}, mismatched {kind}: {res[kind]}"
+            assert text in message, f"{what}, mismatched {kind}:\n  got      {message!r}\n  expected {text!r}"
+            assert elapsed < FAST, f"{what}, mismatched {kind}: raised after {elapsed:.1f} s"
+            after = res[kind + ".after"]
+            assert torch.equal(after, torch.tensor([float(nranks)])), (
+                f"{what}: allreduce after mismatched {kind} gave {after}")
+        assert "allreduce.noname." in res["unnamed"][1], res["unnamed"]
+
+        for form in ("allreduce", "allgather", "broadcast"):
+            exc_type, message, _ = res["complex." + form]
+            assert exc_type == "RuntimeError", (form, res["complex." + form])
+            assert f"{form}.cplx" in message and "unsupported dtype" in message, message
+            assert "complex64" in message or "ComplexFloat" in message, message
+        exc_type, message, _ = res["adasum"]
+        assert exc_type == "RuntimeError" and "unsupported reduce op 2" in message, res["adasum"]
+        assert torch.equal(res["end"], torch.tensor([float(sum(range(nranks)))]))
+
+    # Last, so the checks above run while this fails: allreduce on rank 0 and
+    # allgather elsewhere under one name must fail like any other mismatch
+    # (docs/errors.md: "mismatched operations for tensor '<name>'").
+    for rank, res in enumerate(results):
+        exc_type, message, elapsed = res["optype"]
+        assert exc_type == "RuntimeError" and "mismatched operations" in message and "bad.optype" in message, (
+            f"rank {rank} of {nranks}, allreduce vs allgather under one name: {res['optype']}")
+        assert torch.equal(res["optype.after"], torch.tensor([float(nranks)]))
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_duplicate_in_flight_name_raises(nranks):
+    results = run_ranks(_duplicate_rank, nranks, timeout=TIMEOUT)
+    for rank, res in enumerate(results):
+        for dup in range(nranks):
+            second, first = res[dup]
+            expected = torch.full((3,), float(sum(r + 1 for r in range(nranks))))
+            assert torch.equal(first, expected), f"rank {rank}, round {dup}: {first}"
+            if rank == dup:
+                assert second is not None and second[0] == "RuntimeError", second
+                assert (f"an operation named 'allreduce.dup.{dup}' is already in flight on rank {rank}"
+                        in second[1]), second[1]
+        assert torch.equal(res[-1], torch.tensor([float(nranks)]))
+
+
+@pytest.mark.parametrize("nranks,victim,how", [(2, 1, "exit"), (3, 2, "sigkill"), (3, 0, "exit")])
+def test_dead_rank_fails_the_others_quickly(nranks, victim, how):
+    outcomes = run_ranks(_dying_rank, nranks, args=(victim, how), timeout=TIMEOUT, expect_fail=True)
+    dead = outcomes[victim]
+    assert isinstance(dead, RankFailure), dead
+    assert dead.exitcode == (3 if how == "exit" else -9), dead
+    for rank, outcome in enumerate(outcomes):
+        if rank == victim:
+            continue
+        assert not isinstance(outcome, RankFailure), str(outcome)
+        exc_type, message, elapsed = outcome["first"]
+        assert exc_type == "HorovodInternalError", f"rank {rank}: {outcome['first']}"
+        assert elapsed < 15, f"rank {rank} raised only after {elapsed:.1f} s"
+        if victim != 0:
+            assert f"rank {victim}" in message, message
+        else:
+            assert "rank 0" in message, message
+        exc_type, _, elapsed = outcome["second"]
+        assert exc_type == "HorovodInternalError" and elapsed < 1, f"rank {rank}: {outcome['second']}"
+
+
+def test_incomplete_rendezvous_names_store_and_missing_rank():
+    env = {"HOROVOD_SIZE": "3", "HOROVOD_LOCAL_SIZE": "3", "HOROVOD_START_TIMEOUT": "3"}
+    outcomes = run_ranks(_rendezvous_rank, 2, env=env, timeout=TIMEOUT, expect_fail=True)
+    for rank, outcome in enumerate(outcomes):
+        assert not isinstance(outcome, RankFailure), str(outcome)
+        store, (exc_type, message, elapsed), initialized = outcome
+        assert exc_type == "RuntimeError", f"rank {rank}: {exc_type}: {message}"
+        assert "rendezvous failed" in message and f"on rank {rank}" in message, message
+        assert store in message, f"rank {rank}: the store {store} is not named: {message}"
+        assert "ranks that never arrived: [2]" in message, message
+        assert elapsed < 15, f"rank {rank} gave up after {elapsed:.1f} s (HOROVOD_START_TIMEOUT=3)"
+        assert initialized is False
+
+
+def test_shutdown_then_init_again_and_ops_after_shutdown_raise():
+    cycles = 3
+    results = run_ranks(_cycles_rank, 2, args=(cycles,), timeout=TIMEOUT)
+    for rank, out in enumerate(results):
+        assert len(out) == cycles
+        for cycle, (size, named, unnamed, after) in enumerate(out):
+            what = f"rank {rank}, cycle {cycle}"
+            assert size == 2
+            assert torch.equal(named, torch.tensor([float(1 + 2 * cycle)])), (what, named)
+            assert torch.equal(unnamed, torch.tensor([0, 1])), (what, unnamed)
+            assert after.pop("is_initialized") is False, what
+            for op, (exc_type, message, _) in after.items():
+                assert exc_type == "RuntimeError", f"{what}: {op} after shutdown: {exc_type} {message}"
+                assert "before hvd_torch.init()" in message, f"{what}: {op} after shutdown: {message}"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torch_distributed_gloo_and_hvd_torch_in_one_process():
+    results = run_ranks(_with_torch_distributed, 2, args=(_free_port(),), timeout=TIMEOUT)
+    for rank, (out, gloo_path) in enumerate(results):
+        assert "libgloo" in os.path.basename(gloo_path), gloo_path
+        for step in range(3):
+            dist_result, hvd_result = out[step]
+            expected = torch.arange(1000, dtype=torch.float32) * (3 + 2 * step)
+            assert torch.equal(dist_result, expected), f"rank {rank}, torch.distributed step {step}"
+            assert torch.equal(hvd_result, expected), f"rank {rank}, hvd_torch step {step}"
+        dist_big, hvd_big = out[3]
+        assert torch.equal(dist_big, torch.ones(50_000)) and torch.equal(hvd_big, torch.ones(50_000))
