@@ -26,22 +26,25 @@ import time
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
+from torch import nn
 
 import hvd_torch as hvd
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-overlap", action="store_true",
-                   help="blocking allreduce_ after backward instead of async hooks")
+    p.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="blocking allreduce_ after backward instead of async hooks",
+    )
     return p.parse_args()
 
 
@@ -81,7 +84,7 @@ def shard(n, epoch, seed):
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
     total = math.ceil(n / hvd.size()) * hvd.size()
     order = torch.cat([order, order[: total - n]])
-    return order[hvd.rank()::hvd.size()]
+    return order[hvd.rank() :: hvd.size()]
 
 
 class OverlappingAverager:
@@ -99,6 +102,7 @@ class OverlappingAverager:
     def _hook(self, name):
         def start(p):
             self._handles.append(hvd.allreduce_async_(p.grad, name=name, op=hvd.Average))
+
         return start
 
     def wait(self):
@@ -149,16 +153,18 @@ def main():
     averager = None if args.no_overlap else OverlappingAverager(model)
 
     steps = math.ceil(math.ceil(len(y_train) / size) / args.batch_size)
-    log(f"{size} rank(s), {len(y_train)} training / {len(y_test)} test images, "
+    log(
+        f"{size} rank(s), {len(y_train)} training / {len(y_test)} test images, "
         f"{steps} steps of {args.batch_size} per rank per epoch, "
-        f"{'overlapped allreduce_async_' if averager else 'blocking allreduce_'}")
+        f"{'overlapped allreduce_async_' if averager else 'blocking allreduce_'}"
+    )
     start = time.perf_counter()
     for epoch in range(args.epochs):
         model.train()
         mine = shard(len(y_train), epoch, args.seed)
         loss_sum = torch.zeros((), dtype=torch.float64)
         for i in range(0, len(mine), args.batch_size):
-            batch = mine[i:i + args.batch_size]
+            batch = mine[i : i + args.batch_size]
             optimizer.zero_grad(set_to_none=False)
             loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
             loss.backward()
@@ -172,18 +178,21 @@ def main():
         loss_avg = hvd.allreduce(loss_sum / len(mine), name="train.loss", op=hvd.Average)
         model.eval()
         accuracy = evaluate(model, x_test, y_test)
-        log(f"epoch {epoch + 1:2d}/{args.epochs}  loss {loss_avg.item():.4f}  "
-            f"test accuracy {100 * accuracy:5.1f}%  ({time.perf_counter() - start:.1f}s)")
+        log(
+            f"epoch {epoch + 1:2d}/{args.epochs}  loss {loss_avg.item():.4f}  "
+            f"test accuracy {100 * accuracy:5.1f}%  ({time.perf_counter() - start:.1f}s)"
+        )
 
     digest = torch.frombuffer(bytearray(weights_digest(model)[:8]), dtype=torch.int64)
     digests = hvd.allgather(digest, name="final.digest").tolist()
     if len(set(digests)) != 1:
-        print(f"rank {rank}: weights differ across ranks: "
-              + ", ".join(f"rank {r}: {d & (2**64 - 1):016x}" for r, d in enumerate(digests)),
-              file=sys.stderr)
+        print(
+            f"rank {rank}: weights differ across ranks: "
+            + ", ".join(f"rank {r}: {d & (2**64 - 1):016x}" for r, d in enumerate(digests)),
+            file=sys.stderr,
+        )
         return 1
-    log(f"all {size} ranks hold identical weights (sha256 prefix "
-        f"{digests[0] & (2**64 - 1):016x})")
+    log(f"all {size} ranks hold identical weights (sha256 prefix {digests[0] & (2**64 - 1):016x})")
     return 0
 
 

@@ -18,6 +18,38 @@ _ops = torch.ops.hvd_torch
 _INTERNAL = "HorovodInternalError: "
 
 
+# Fake kernels: shapes and dtypes without communication, for FakeTensor,
+# torch.library.opcheck and (later) torch.compile.
+@torch.library.register_fake("hvd_torch::allreduce")
+def _allreduce_fake(tensor, name="", op=0, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set_id=0):
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("hvd_torch::allreduce_")
+def _allreduce_inplace_fake(tensor, name="", op=0, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set_id=0):
+    return None
+
+
+@torch.library.register_fake("hvd_torch::allgather")
+def _allgather_fake(tensor, name="", process_set_id=0):
+    # The first dimension is the sum over ranks: unknown until run time.
+    rows = torch.library.get_ctx().new_dynamic_size()
+    shape = (rows,) + tuple(tensor.shape[1:]) if tensor.dim() else (rows,)
+    return tensor.new_empty(shape)
+
+
+@torch.library.register_fake("hvd_torch::broadcast")
+def _broadcast_fake(tensor, root_rank=0, name="", process_set_id=0):
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("hvd_torch::broadcast_")
+def _broadcast_inplace_fake(tensor, root_rank=0, name="", process_set_id=0):
+    return None
+
+
 class ProcessSet:
     """A subset of ranks (only the global set exists so far)."""
 
@@ -98,8 +130,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce; returns `tensor`."""
-    return _ops.allreduce_(tensor, name or "", _resolve_op(average, op),
-                           float(prescale_factor), float(postscale_factor), _ps(process_set))
+    _ops.allreduce_(tensor, name or "", _resolve_op(average, op),
+                    float(prescale_factor), float(postscale_factor), _ps(process_set))
+    return tensor
 
 
 @_translate_errors
@@ -135,7 +168,8 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 @_translate_errors
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns `tensor`."""
-    return _ops.broadcast_(tensor, root_rank, name or "", _ps(process_set))
+    _ops.broadcast_(tensor, root_rank, name or "", _ps(process_set))
+    return tensor
 
 
 @_translate_errors

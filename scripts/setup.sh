@@ -27,28 +27,39 @@ as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
+apt_install() {
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
 # 1. Gloo --------------------------------------------------------------------
 if [ -f /usr/include/gloo/allreduce.h ]; then
     say "libgloo-dev: present"
 else
     say "libgloo-dev: installing (apt-get)"
-    export DEBIAN_FRONTEND=noninteractive
-    as_root apt-get update -qq
-    as_root apt-get install -y -qq libgloo-dev >/dev/null
+    apt_install libgloo-dev
 fi
 
 # Two setups at once (make demo & make test in parallel) would build into the
 # same tree; the second waits for the first and then finds nothing to do.
-mkdir -p "$VENV"
-exec 9>"$VENV/.setup.lock"
+# The lock lives in build/ (ignored), not in .venv, which may be recreated.
+mkdir -p build
+exec 9>build/.setup.lock
 if command -v flock >/dev/null; then
     flock 9
 fi
 
 # 2. The venv ------------------------------------------------------------------
-if [ ! -x "$PY" ]; then
+PYTHON=${PYTHON:-python3}
+# A venv without pip (a creation that failed half-way) is made again.
+if [ ! -x "$PY" ] || ! "$PY" -m pip --version >/dev/null 2>&1; then
+    # Debian's own python3 keeps venv's ensurepip in a separate package.
+    if ! "$PYTHON" -c "import ensurepip" 2>/dev/null; then
+        say "venv: installing python3-venv (apt-get)"
+        apt_install python3-venv
+    fi
     say "venv: creating $VENV"
-    "${PYTHON:-python3}" -m venv "$VENV"
+    "$PYTHON" -m venv --clear "$VENV"
 else
     say "venv: present"
 fi

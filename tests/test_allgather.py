@@ -16,8 +16,18 @@ try:
 except ImportError:  # tests/ imported as a package
     from tests.dist_harness import run_ranks
 
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8,
-          torch.int16, torch.int32, torch.int64, torch.bool]
+DTYPES = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+]
 TIMEOUT = 120
 NRANKS = [1, 2, 3]
 
@@ -65,7 +75,9 @@ def _gather(hvd):
     # Every rank contributes no rows.
     res["empty.all"] = hvd.allgather(torch.zeros(0, 3, dtype=torch.int32), name="empty.all")
     # A 0-d tensor gathers as one row per rank.
-    res["scalar"] = hvd.allgather(torch.tensor(float(rank) + 0.5, dtype=torch.float64), name="scalar")
+    res["scalar"] = hvd.allgather(
+        torch.tensor(float(rank) + 0.5, dtype=torch.float64), name="scalar"
+    )
     # A non-contiguous input: a transposed view.
     base = _input(rank, torch.float32, (4, _rows(rank)), 101)
     res["transposed"] = hvd.allgather(base.t(), name="transposed")
@@ -102,7 +114,9 @@ def _grad(hvd):
         out[dtype] = x.grad
     # 0-d input: its gradient is 0-d too.
     s = torch.tensor(2.0 + rank, dtype=torch.float64, requires_grad=True)
-    (hvd.allgather(s, name="grad.scalar") * torch.arange(1.0, size + 1, dtype=torch.float64)).sum().backward()
+    (
+        hvd.allgather(s, name="grad.scalar") * torch.arange(1.0, size + 1, dtype=torch.float64)
+    ).sum().backward()
     out["scalar"] = s.grad
     # Rank 0 contributes no rows: an empty gradient there, offsets shifted elsewhere.
     x = _input(rank, torch.float64, (0 if rank == 0 else _rows(rank), 2), 302).requires_grad_()
@@ -142,7 +156,9 @@ def _launch(nranks):
 
 def _check(out, expected, what):
     assert out.dtype == expected.dtype, f"{what}: dtype {out.dtype} != {expected.dtype}"
-    assert out.shape == expected.shape, f"{what}: shape {tuple(out.shape)} != {tuple(expected.shape)}"
+    assert out.shape == expected.shape, (
+        f"{what}: shape {tuple(out.shape)} != {tuple(expected.shape)}"
+    )
     assert torch.equal(out, expected), f"{what}: got {out}, expected {expected}"
 
 
@@ -155,8 +171,9 @@ def test_allgather(nranks):
         for case, dtype, row_shape in _cases():
             expected = _gathered([_input(r, dtype, (_rows(r),) + row_shape, case) for r in ranks])
             _check(res[case], expected, f"{what}, {dtype} rows {row_shape}")
-        expected = _gathered([_input(r, torch.float32, (0 if r == 0 else _rows(r), 4), 100)
-                              for r in ranks])
+        expected = _gathered(
+            [_input(r, torch.float32, (0 if r == 0 else _rows(r), 4), 100) for r in ranks]
+        )
         _check(res["empty.rank0"], expected, f"{what}, rank 0 sends no rows")
         _check(res["empty.all"], torch.zeros(0, 3, dtype=torch.int32), f"{what}, no rows at all")
         expected = torch.tensor([r + 0.5 for r in ranks], dtype=torch.float64)
@@ -181,14 +198,20 @@ def test_gradient_is_the_summed_gradient_narrowed_to_own_rows(nranks):
         offset = sum(_rows(r) for r in range(rank))
         for dtype in (torch.float32, torch.float64):
             summed = sum(_input(r, dtype, (total, 3), 301).double() for r in ranks)
-            expected = summed[offset:offset + _rows(rank)].to(dtype)
-            torch.testing.assert_close(out[dtype], expected, msg=lambda m: f"{what} {dtype}: {m}")
+            expected = summed[offset : offset + _rows(rank)].to(dtype)
+            torch.testing.assert_close(
+                out[dtype], expected, msg=lambda m, what=what, dtype=dtype: f"{what} {dtype}: {m}"
+            )
         # d/ds sum_k (k + 1) * s_k, summed over ranks: nranks * (rank + 1).
         expected = torch.tensor(float(nranks * (rank + 1)), dtype=torch.float64)
         assert out["scalar"].shape == () and torch.equal(out["scalar"], expected), (
-            f"{what}: 0-d gradient {out['scalar']} != {expected}")
+            f"{what}: 0-d gradient {out['scalar']} != {expected}"
+        )
         rows = [0 if r == 0 else _rows(r) for r in ranks]
         summed = sum(_input(r, torch.float64, (sum(rows), 2), 303) for r in ranks)
         start = sum(rows[:rank])
-        torch.testing.assert_close(out["empty.rank0"], summed[start:start + rows[rank]],
-                                   msg=lambda m: f"{what} rank 0 sends no rows: {m}")
+        torch.testing.assert_close(
+            out["empty.rank0"],
+            summed[start : start + rows[rank]],
+            msg=lambda m, what=what: f"{what} rank 0 sends no rows: {m}",
+        )

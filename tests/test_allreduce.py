@@ -7,6 +7,7 @@ here, in the test process.  Inputs are small integers so that sums and products 
 every dtype, float16 and bfloat16 included; only Average on 3 ranks rounds.
 """
 
+import math
 import time
 import warnings
 
@@ -165,7 +166,9 @@ def _misc(hvd):
 
     # The inline threshold's edge: 4096 float32 is 16 KiB exactly, 4097 is over.
     for n in (4096, 4097):
-        res[f"edge.{n}"] = hvd.allreduce(_input(rank, torch.float32, n, 8), name=f"edge.{n}", op=hvd.Sum)
+        res[f"edge.{n}"] = hvd.allreduce(
+            _input(rank, torch.float32, n, 8), name=f"edge.{n}", op=hvd.Sum
+        )
     res["huge"] = hvd.allreduce(_input(rank, torch.float32, 100_000, 9), name="huge", op=hvd.Sum)
 
     # Integer Average is floor division of the sum, as in Horovod.
@@ -198,7 +201,28 @@ def _misc(hvd):
     # The default op and no name: averages; unnamed ops match by order.
     x = _input(rank, torch.float32, 12, 11)
     res["defaults"] = torch.ops.hvd_torch.allreduce(x)
-    res["unnamed"] = [hvd.allreduce(_input(rank, torch.float32, 5, 12 + i), op=hvd.Sum) for i in range(3)]
+    res["unnamed"] = [
+        hvd.allreduce(_input(rank, torch.float32, 5, 12 + i), op=hvd.Sum) for i in range(3)
+    ]
+
+    # A 0-d tensor, an empty tensor, and one name reused (served from the cache).
+    res["scalar"] = hvd.allreduce(torch.tensor(float(rank + 1)), name="scalar", op=hvd.Product)
+    res["empty"] = hvd.allreduce(torch.zeros(0, 3), name="empty", op=hvd.Sum)
+    res["repeat"] = [
+        hvd.allreduce(_input(rank, torch.float32, n, 20 + i), name="repeat", op=hvd.Sum)
+        for i, n in enumerate([9, 9, 9, LARGE, LARGE, 9])
+    ]
+    # A handle is gone once synchronized.
+    h = hvd.allreduce_async(torch.ones(1), name="handle")
+    hvd.synchronize(h)
+    gone = []
+    for fn in (hvd.poll, hvd.synchronize):
+        try:
+            fn(h)
+            gone.append(None)
+        except RuntimeError as e:
+            gone.append(str(e))
+    res["handle.gone"] = gone
 
     # Still in step after everything above.
     res["after"] = hvd.allreduce(torch.full((3,), float(rank)), name="after", op=hvd.Sum)
@@ -242,8 +266,12 @@ def _grad(hvd):
     return out
 
 
-OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor",
-                 "test_aot_dispatch_dynamic")
+OPCHECK_UTILS = (
+    "test_schema",
+    "test_autograd_registration",
+    "test_faketensor",
+    "test_aot_dispatch_dynamic",
+)
 
 
 def _opcheck(hvd):
@@ -264,7 +292,9 @@ def _opcheck(hvd):
                 torch.library.opcheck(op, args, test_utils=util)
             except Exception as e:  # noqa: BLE001  (reported by the test, not hidden)
                 cause = e.__cause__ or e
-                failures[f"{op} {util}"] = f"{type(cause).__name__}: {str(cause).splitlines()[0]}"
+                failures[f"{op} {util}"] = (
+                    f"{type(cause).__name__}: {str(cause).splitlines()[0][:300]}"
+                )
     return failures
 
 
@@ -305,8 +335,10 @@ def test_every_dtype_op_scale_and_size(nranks):
         inputs = [_input(r, dtype, n, case) for r in range(nranks)]
         expected = _reference(inputs, op, pre, post)
         for rank in range(nranks):
-            what = (f"rank {rank} of {nranks}, case {case}: {dtype} op={op} "
-                    f"prescale={pre} postscale={post} numel={n}")
+            what = (
+                f"rank {rank} of {nranks}, case {case}: {dtype} op={op} "
+                f"prescale={pre} postscale={post} numel={n}"
+            )
             _assert_matches(results[rank][case], expected, what)
 
 
@@ -322,8 +354,11 @@ def test_in_place_async_non_contiguous_and_flags(nranks):
         value, same_object, same_storage = res["inplace"]
         _assert_matches(value, _reference(inputs(torch.float32, 50, 1), SUM), f"{what} allreduce_")
         assert same_object and same_storage, f"{what}: allreduce_ must return its argument"
-        _assert_matches(res["inplace.large"], _reference(inputs(torch.float64, LARGE, 2), AVERAGE),
-                        f"{what} allreduce_ large")
+        _assert_matches(
+            res["inplace.large"],
+            _reference(inputs(torch.float64, LARGE, 2), AVERAGE),
+            f"{what} allreduce_ large",
+        )
 
         t, y = res["transposed"]
         assert t.shape == (5, 6)
@@ -344,19 +379,25 @@ def test_in_place_async_non_contiguous_and_flags(nranks):
         assert aliased, f"{what}: synchronize(allreduce_async_) must return the argument"
 
         for name, (case, dtype, op, n) in _in_flight_specs().items():
-            _assert_matches(res["in_flight"][name], _reference(inputs(dtype, n, case), op),
-                            f"{what} in flight {name}")
+            _assert_matches(
+                res["in_flight"][name],
+                _reference(inputs(dtype, n, case), op),
+                f"{what} in flight {name}",
+            )
 
         for n in (4096, 4097):
-            _assert_matches(res[f"edge.{n}"], _reference(inputs(torch.float32, n, 8), SUM),
-                            f"{what} numel {n}")
-        _assert_matches(res["huge"], _reference(inputs(torch.float32, 100_000, 9), SUM),
-                        f"{what} 100k")
+            _assert_matches(
+                res[f"edge.{n}"], _reference(inputs(torch.float32, n, 8), SUM), f"{what} numel {n}"
+            )
+        _assert_matches(
+            res["huge"], _reference(inputs(torch.float32, 100_000, 9), SUM), f"{what} 100k"
+        )
 
         ints = [torch.tensor([-7, -5, -1, 0, 1, 5, 7]) + r for r in range(nranks)]
         expected = torch.floor_divide(sum(ints), nranks)
         assert torch.equal(res["int.average"], expected), (
-            f"{what}: integer Average {res['int.average']} != floor({sum(ints)} / {nranks})")
+            f"{what}: integer Average {res['int.average']} != floor({sum(ints)} / {nranks})"
+        )
 
         floats = inputs(torch.float64, 10, 10)
         _assert_matches(res["average.true"], _reference(floats, AVERAGE), f"{what} average=True")
@@ -366,12 +407,27 @@ def test_in_place_async_non_contiguous_and_flags(nranks):
 
         for message in res["bool.refused"]:
             assert message is not None, f"{what}: a bool Average/scaled allreduce was accepted"
-            assert "bool" in message and "allreduce.bool.bad" in message, message
+            assert "bool" in message and "'bool.bad'" in message, message
 
-        _assert_matches(res["defaults"], _reference(inputs(torch.float32, 12, 11), AVERAGE),
-                        f"{what} torch.ops default op")
+        _assert_matches(
+            res["defaults"],
+            _reference(inputs(torch.float32, 12, 11), AVERAGE),
+            f"{what} torch.ops default op",
+        )
         for i, y in enumerate(res["unnamed"]):
-            _assert_matches(y, _reference(inputs(torch.float32, 5, 12 + i), SUM), f"{what} unnamed {i}")
+            _assert_matches(
+                y, _reference(inputs(torch.float32, 5, 12 + i), SUM), f"{what} unnamed {i}"
+            )
+        _assert_matches(res["scalar"], torch.tensor(float(math.factorial(nranks))), f"{what} 0-d")
+        _assert_matches(res["empty"], torch.zeros(0, 3), f"{what} empty")
+        for i, n in enumerate([9, 9, 9, LARGE, LARGE, 9]):
+            _assert_matches(
+                res["repeat"][i],
+                _reference(inputs(torch.float32, n, 20 + i), SUM),
+                f"{what} name reused, call {i}",
+            )
+        for message in res["handle.gone"]:
+            assert message is not None and "unknown handle" in message, res["handle.gone"]
         expected = torch.full((3,), float(sum(range(nranks))))
         _assert_matches(res["after"], expected, f"{what} after")
 

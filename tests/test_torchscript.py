@@ -6,7 +6,6 @@ must (the Python wrappers are not scriptable).  Op ints: Average=0, Sum=1.
 """
 
 import os
-from typing import List, Tuple
 
 import pytest
 import torch
@@ -41,10 +40,13 @@ def _in_place_twice(x: torch.Tensor) -> torch.Tensor:
 
 def _broadcast_in_place(x: torch.Tensor) -> torch.Tensor:
     torch.ops.hvd_torch.synchronize(torch.ops.hvd_torch.broadcast_async_(x, 0, "ts.bcast.async_"))
-    return torch.ops.hvd_torch.broadcast_(x, 0, "ts.bcast_")
+    torch.ops.hvd_torch.broadcast_(x, 0, "ts.bcast_")
+    return x
 
 
-def _differentiable(x: torch.Tensor, w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _differentiable(
+    x: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     a = torch.ops.hvd_torch.allreduce(x * w, "ts.grad.allreduce", 1)
     g = torch.ops.hvd_torch.allgather(x * w, "ts.grad.allgather")
     b = torch.ops.hvd_torch.broadcast(x * w, 0, "ts.grad.broadcast")
@@ -62,7 +64,7 @@ class Collectives(torch.nn.Module):
             self.linear.weight.copy_(torch.arange(6, dtype=torch.float64).reshape(2, 3) / 10)
             self.linear.bias.fill_(1.0)
 
-    def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         y = self.linear(x)
         summed = torch.ops.hvd_torch.allreduce(y, "module.allreduce", 1)
         averaged = torch.ops.hvd_torch.allreduce(y, "module.average")
@@ -75,7 +77,7 @@ def _module_input(rank: int) -> torch.Tensor:
     return torch.arange(6, dtype=torch.float64).reshape(2, 3) + rank
 
 
-def _module_reference(nranks: int, root: int) -> List[torch.Tensor]:
+def _module_reference(nranks: int, root: int) -> list[torch.Tensor]:
     module = Collectives(root)
     with torch.no_grad():
         ys = [module.linear(_module_input(r)) for r in range(nranks)]
@@ -95,8 +97,10 @@ def _script_rank(save_dir):
     res["average"] = average(torch.full((4,), float(rank)))
     res["async"] = torch.jit.script(_async_sum)(torch.full((4,), float(rank)))
     # In-place ops, kept apart so that their failure does not hide the rest.
-    for fn, x in [(_in_place_twice, torch.ones(3) * (rank + 1)),
-                  (_broadcast_in_place, torch.full((2,), float(rank)))]:
+    for fn, x in [
+        (_in_place_twice, torch.ones(3) * (rank + 1)),
+        (_broadcast_in_place, torch.full((2,), float(rank))),
+    ]:
         try:
             res[fn.__name__] = torch.jit.script(fn)(x)
         except RuntimeError as e:
@@ -150,7 +154,9 @@ def test_scripted_functions_modules_and_saved_module(nranks, tmp_path):
         what = f"rank {rank} of {nranks}"
         _close(res["average"], torch.full((4,), mean_rank), f"{what}: scripted default allreduce")
         _close(res["async"], torch.full((4,), float(sum(range(nranks)))), f"{what}: scripted async")
-        for i, (out, expected) in enumerate(zip(res["module"], _module_reference(nranks, nranks - 1))):
+        for i, (out, expected) in enumerate(
+            zip(res["module"], _module_reference(nranks, nranks - 1))
+        ):
             _close(out, expected, f"{what}: scripted module output {i}")
 
         w = torch.tensor([1.0, 2.0], dtype=torch.float64)
@@ -171,14 +177,21 @@ def test_scripted_functions_modules_and_saved_module(nranks, tmp_path):
     for rank, outs in enumerate(loaded):
         for call, out in enumerate(outs):
             for i, (got, expected) in enumerate(zip(out, _module_reference(nranks, nranks - 1))):
-                _close(got, expected, f"rank {rank} of {nranks}, loaded module call {call} output {i}")
+                _close(
+                    got, expected, f"rank {rank} of {nranks}, loaded module call {call} output {i}"
+                )
 
     # Last, so the checks above run even while this fails: scripting in-place ops.
     for rank, res in enumerate(results):
         what = f"rank {rank} of {nranks}"
         for name in ("_in_place_twice", "_broadcast_in_place"):
-            assert not isinstance(res[name], str), f"{what}: torch.jit.script({name}) failed: {res[name]}"
+            assert not isinstance(res[name], str), (
+                f"{what}: torch.jit.script({name}) failed: {res[name]}"
+            )
         total = float(sum(r + 1 for r in range(nranks)))
-        _close(res["_in_place_twice"], torch.full((3,), total * nranks),
-               f"{what}: two scripted in-place allreduces")
+        _close(
+            res["_in_place_twice"],
+            torch.full((3,), total * nranks),
+            f"{what}: two scripted in-place allreduces",
+        )
         _close(res["_broadcast_in_place"], torch.zeros(2), f"{what}: scripted in-place broadcasts")

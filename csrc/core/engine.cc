@@ -209,7 +209,7 @@ bool Engine::waitForEvents(std::vector<pollfd>& fds) {
   // CPU, for a short while first, since a sleep and wake-up costs more than
   // that on a busy machine. An idle engine sleeps in poll() and costs nothing.
   {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+    const auto until = std::chrono::steady_clock::now() + config_.engine_spin;
     while (std::chrono::steady_clock::now() < until) {
       int r = ::poll(fds.data(), fds.size(), 0);
       if (r != 0) return r > 0 || errno == EINTR;

@@ -55,6 +55,7 @@ class Engine {
 
   const Topology& topology() const { return topology_; }
   const char* backendName() const { return backend_ ? backend_->name() : "local"; }
+  const EngineConfig& config() const { return config_; }
 
  private:
   Engine(const Topology& topology, const EngineConfig& config);
@@ -63,7 +64,6 @@ class Engine {
   void connectWorker(const std::string& prefix);
   std::string missingRanksMessage(const std::string& prefix, const char* what);
 
-  static constexpr int kSpinMicros = 100;
   bool waitForEvents(std::vector<pollfd>& fds);
   void loop();
   void takeSubmissions();

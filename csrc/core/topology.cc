@@ -61,6 +61,8 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.start_timeout = std::chrono::seconds(envInt("HOROVOD_START_TIMEOUT", 30));
   c.op_timeout = std::chrono::seconds(envInt("HOROVOD_GLOO_TIMEOUT_SECONDS", 30));
   c.hostname = envString("HOROVOD_HOSTNAME", "localhost");
+  c.engine_spin = std::chrono::microseconds(envInt("HVD_TORCH_ENGINE_SPIN_US", 100));
+  c.caller_spin = std::chrono::microseconds(envInt("HVD_TORCH_CALLER_SPIN_US", 100));
   return c;
 }
 

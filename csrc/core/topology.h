@@ -31,6 +31,10 @@ struct EngineConfig {
   std::chrono::milliseconds start_timeout{30000};  // HOROVOD_START_TIMEOUT (s)
   std::chrono::milliseconds op_timeout{30000};     // HOROVOD_GLOO_TIMEOUT_SECONDS
   std::string hostname;                      // HOROVOD_HOSTNAME
+  // How long a waiting thread polls (yielding) before it sleeps: the
+  // background loop after each event, and a caller in synchronize().
+  std::chrono::microseconds engine_spin{100};  // HVD_TORCH_ENGINE_SPIN_US
+  std::chrono::microseconds caller_spin{100};  // HVD_TORCH_CALLER_SPIN_US
 
   static EngineConfig fromEnvironment();
 };

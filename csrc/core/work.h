@@ -21,8 +21,8 @@ class Work {
   // Blocks until completed; returns the outcome. Small ops complete within
   // tens of microseconds, less than a sleep/wake-up costs, so the caller
   // yields the CPU in a short loop before it sleeps on the condition variable.
-  Status wait() const {
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+  Status wait(std::chrono::microseconds spin = std::chrono::microseconds(0)) const {
+    const auto spin_until = std::chrono::steady_clock::now() + spin;
     while (!done() && std::chrono::steady_clock::now() < spin_until) sched_yield();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_; });
@@ -44,7 +44,6 @@ class Work {
   }
 
  private:
-  static constexpr int kSpinMicros = 100;
   std::atomic<bool> done_flag_{false};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

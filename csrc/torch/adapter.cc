@@ -74,7 +74,10 @@ DataType toDataType(const at::Tensor& t, const char* op, const std::string& name
 }
 
 std::string opName(const char* op, const std::string& name) {
-  if (!name.empty()) return std::string(op) + "." + name;
+  // A user's name is negotiated as given (not prefixed with the op, unlike
+  // Horovod), so ranks that run different ops under one name get a clear
+  // "mismatched operations" error instead of waiting for each other forever.
+  if (!name.empty()) return name;
   return std::string(op) + ".noname." + std::to_string(name_counter.fetch_add(1));
 }
 
@@ -97,6 +100,8 @@ bool pollHandle(int64_t handle) {
 
 at::Tensor waitHandle(int64_t handle) {
   Pending p;
+  auto engine = currentEngine();
+  const auto spin = engine ? engine->config().caller_spin : std::chrono::microseconds(0);
   {
     std::lock_guard<std::mutex> lock(handles_mu);
     auto it = handles.find(handle);
@@ -110,9 +115,9 @@ at::Tensor waitHandle(int64_t handle) {
   // loaders, the elastic driver) keep running while we wait on peers.
   if (Py_IsInitialized() && PyGILState_Check()) {
     pybind11::gil_scoped_release no_gil;
-    status = p.work->wait();
+    status = p.work->wait(spin);
   } else {
-    status = p.work->wait();
+    status = p.work->wait(spin);
   }
   if (status.code == Status::kInvalidArgument) TORCH_CHECK(false, status.message);
   TORCH_CHECK(status.ok(), kInternalErrorPrefix, status.message);

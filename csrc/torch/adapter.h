@@ -19,7 +19,7 @@ std::shared_ptr<Engine> requireEngine(const char* op);
 
 DataType toDataType(const at::Tensor& t, const char* op, const std::string& name);
 
-// "allreduce.<name>", or "allreduce.noname.<n>" with a per-process counter
+// The user's name, or "allreduce.noname.<n>" with a per-process counter
 // (Horovod's rule: ranks that submit unnamed ops in the same order match).
 std::string opName(const char* op, const std::string& name);
 void resetNameCounter();

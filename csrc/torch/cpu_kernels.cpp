@@ -12,10 +12,9 @@ at::Tensor allreduce(const at::Tensor& t, c10::string_view name, int64_t op, dou
   return waitHandle(submitAllreduce(t, false, std::string(name), op, pre, post, ps));
 }
 
-at::Tensor& allreduceInPlace(at::Tensor& t, c10::string_view name, int64_t op, double pre,
-                             double post, int64_t ps) {
+void allreduceInPlace(at::Tensor& t, c10::string_view name, int64_t op, double pre, double post,
+                      int64_t ps) {
   waitHandle(submitAllreduce(t, true, std::string(name), op, pre, post, ps));
-  return t;
 }
 
 int64_t allreduceAsync(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
@@ -40,9 +39,8 @@ at::Tensor broadcast(const at::Tensor& t, int64_t root, c10::string_view name, i
   return waitHandle(submitBroadcast(t, false, root, std::string(name), ps));
 }
 
-at::Tensor& broadcastInPlace(at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
+void broadcastInPlace(at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
   waitHandle(submitBroadcast(t, true, root, std::string(name), ps));
-  return t;
 }
 
 int64_t broadcastAsync(const at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {

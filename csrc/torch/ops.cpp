@@ -2,30 +2,35 @@
 // docs/architecture.md, "Operator schemas"). Defaults follow Horovod: Average,
 // no scaling, the global process set (id 0), an auto-generated name.
 //
-// Ops are CONSERVATIVE for alias analysis: they talk to other ranks, so the
-// TorchScript optimizer must never merge, reorder or drop two identical calls.
+// Functional ops are CONSERVATIVE for alias analysis: they talk to other
+// ranks, so the TorchScript optimizer must never merge, reorder or drop two
+// identical calls. In-place ops declare their mutation (FROM_SCHEMA), which
+// pins them just as firmly, and return nothing: a custom op's output may not
+// alias an input under torch.compile, so the Python wrapper returns the tensor.
 #include <torch/library.h>
 
 TORCH_LIBRARY(hvd_torch, m) {
   auto def = [&](const char* schema) {
     m.def(torch::schema(schema, c10::AliasAnalysisKind::CONSERVATIVE));
   };
+  auto defMutating = [&](const char* schema) {
+    m.def(torch::schema(schema, c10::AliasAnalysisKind::FROM_SCHEMA));
+  };
   // op: Average=0, Sum=1, Min=3, Max=4, Product=5 (Horovod's numbering).
   def("allreduce(Tensor tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
       "float postscale_factor=1.0, int process_set_id=0) -> Tensor");
-  def("allreduce_(Tensor(a!) tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
-      "float postscale_factor=1.0, int process_set_id=0) -> Tensor(a!)");
+  defMutating("allreduce_(Tensor(a!) tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
+              "float postscale_factor=1.0, int process_set_id=0) -> ()");
   def("allreduce_async(Tensor tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
       "float postscale_factor=1.0, int process_set_id=0) -> int");
-  def("allreduce_async_(Tensor(a!) tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
+  defMutating("allreduce_async_(Tensor(a!) tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
       "float postscale_factor=1.0, int process_set_id=0) -> int");
   def("allgather(Tensor tensor, str name=\"\", int process_set_id=0) -> Tensor");
   def("allgather_async(Tensor tensor, str name=\"\", int process_set_id=0) -> int");
   def("broadcast(Tensor tensor, int root_rank=0, str name=\"\", int process_set_id=0) -> Tensor");
-  def("broadcast_(Tensor(a!) tensor, int root_rank=0, str name=\"\", int process_set_id=0) -> "
-      "Tensor(a!)");
+  defMutating("broadcast_(Tensor(a!) tensor, int root_rank=0, str name=\"\", int process_set_id=0) -> ()");
   def("broadcast_async(Tensor tensor, int root_rank=0, str name=\"\", int process_set_id=0) -> int");
-  def("broadcast_async_(Tensor(a!) tensor, int root_rank=0, str name=\"\", "
+  defMutating("broadcast_async_(Tensor(a!) tensor, int root_rank=0, str name=\"\", "
       "int process_set_id=0) -> int");
   // Returns a tensor so that a tracer cannot drop the call.
   def("barrier(int process_set_id=0) -> Tensor");
