@@ -427,9 +427,10 @@ void Engine::run(const Response& response) {
       try {
         executor_.execute(response, entries);
       } catch (const std::exception& e) {
+        std::string why = diagnosePeerFailure();
         throw std::runtime_error(std::string(opTypeName(response.type)) + " '" + response.names[0] +
                                  "' failed on rank " + std::to_string(topology_.rank) + ": " +
-                                 e.what());
+                                 (why.empty() ? e.what() : why + " (" + e.what() + ")"));
       }
       break;
   }
@@ -442,6 +443,30 @@ void Engine::run(const Response& response) {
     e->work->complete(status);
     pending_.erase(response.names[i]);
   }
+}
+
+std::string Engine::diagnosePeerFailure() {
+  // The data plane only says "connection reset"; the control plane knows who
+  // died. Give it a moment to tell us, so the error names the rank.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::vector<std::string> frames;
+    if (to_coordinator_) {
+      bool open = to_coordinator_->readAvailable(frames);
+      for (const auto& f : frames) {
+        Reader r(f);
+        if (r.get<uint8_t>() == kAbort) return r.getString();
+      }
+      if (!open) return "lost the control connection to rank 0 (the coordinator)";
+    }
+    for (int rank = 1; rank < static_cast<int>(workers_.size()); ++rank) {
+      if (workers_[rank] && !workers_[rank]->readAvailable(frames)) {
+        return "rank " + std::to_string(rank) + " exited or lost its connection to the coordinator (rank 0)";
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return "";
 }
 
 void Engine::fail(const Status& status) {

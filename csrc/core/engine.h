@@ -72,6 +72,7 @@ class Engine {
   void dispatch(std::vector<Response> responses);
   void run(const Response& response);
   void fail(const Status& status);
+  std::string diagnosePeerFailure();
   std::string encodeArrivals(const std::vector<Arrival>& arrivals) const;
 
   const Topology topology_;
