@@ -164,7 +164,7 @@ def _misc(hvd):
         handles[name] = hvd.allreduce_async(_input(rank, dtype, n, case), name=name, op=op)
     res["in_flight"] = {name: hvd.synchronize(handles[name]) for name in specs}
 
-    # The inline threshold's edge: 4096 float32 is 16 KiB exactly, 4097 is over.
+    # The inline threshold's edge (16 KiB here): 4096 float32 fit on 2 ranks, 4097 do not.
     for n in (4096, 4097):
         res[f"edge.{n}"] = hvd.allreduce(
             _input(rank, torch.float32, n, 8), name=f"edge.{n}", op=hvd.Sum
@@ -317,7 +317,11 @@ def _launch(nranks):
     """One run_ranks launch per rank count, shared by every test below."""
     if nranks not in _LAUNCHES:
         try:
-            _LAUNCHES[nranks] = run_ranks(_rank_main, nranks, timeout=TIMEOUT)
+            # A 16 KiB inline budget, so SMALL goes through the coordinator and
+            # LARGE through Gloo on every rank count.
+            _LAUNCHES[nranks] = run_ranks(
+                _rank_main, nranks, timeout=TIMEOUT, env={"HVD_TORCH_INLINE_THRESHOLD": "16384"}
+            )
         except (AssertionError, TimeoutError) as e:
             _LAUNCHES[nranks] = e
     if isinstance(_LAUNCHES[nranks], Exception):

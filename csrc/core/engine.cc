@@ -311,8 +311,10 @@ void Engine::takeSubmissions() {
     a.rank = topology_.rank;
     a.cache_id = config_.cache_capacity > 0 ? rank_cache_.lookup(RankCache::key(e.request)) : -1;
     a.request = e.request;
+    // Inline data flows through rank 0, which receives and sends (size - 1)
+    // copies: worth it while that traffic stays below the threshold.
     if (e.request.type == OpType::kAllreduce && topology_.size > 1 &&
-        e.request.numBytes() <= config_.inline_threshold) {
+        e.request.numBytes() * (topology_.size - 1) <= config_.inline_threshold) {
       a.has_inline = true;
       a.inline_data.assign(static_cast<const char*>(e.input), e.request.numBytes());
     }

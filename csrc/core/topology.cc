@@ -57,7 +57,7 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.secret = hexDecode(envString("HOROVOD_SECRET_KEY", ""));
   c.fusion_threshold = static_cast<size_t>(envInt("HOROVOD_FUSION_THRESHOLD", 64 << 20));
   c.cache_capacity = static_cast<size_t>(envInt("HOROVOD_CACHE_CAPACITY", 1024));
-  c.inline_threshold = static_cast<size_t>(envInt("HVD_TORCH_INLINE_THRESHOLD", 16 << 10));
+  c.inline_threshold = static_cast<size_t>(envInt("HVD_TORCH_INLINE_THRESHOLD", 1 << 20));
   c.start_timeout = std::chrono::seconds(envInt("HOROVOD_START_TIMEOUT", 30));
   c.op_timeout = std::chrono::seconds(envInt("HOROVOD_GLOO_TIMEOUT_SECONDS", 30));
   c.hostname = envString("HOROVOD_HOSTNAME", "localhost");

@@ -27,7 +27,9 @@ struct EngineConfig {
   std::string secret;      // raw bytes
   size_t fusion_threshold = 64 << 20;        // HOROVOD_FUSION_THRESHOLD
   size_t cache_capacity = 1024;              // HOROVOD_CACHE_CAPACITY (0 disables)
-  size_t inline_threshold = 16 << 10;        // HVD_TORCH_INLINE_THRESHOLD
+  // Allreduces whose bytes x (size - 1) fit go through rank 0 with the
+  // request instead of through Gloo (one round trip, no negotiation).
+  size_t inline_threshold = 1 << 20;         // HVD_TORCH_INLINE_THRESHOLD
   std::chrono::milliseconds start_timeout{30000};  // HOROVOD_START_TIMEOUT (s)
   std::chrono::milliseconds op_timeout{30000};     // HOROVOD_GLOO_TIMEOUT_SECONDS
   std::string hostname;                      // HOROVOD_HOSTNAME
