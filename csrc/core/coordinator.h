@@ -46,6 +46,7 @@ class Coordinator {
     std::chrono::steady_clock::duration waited;
   };
   std::vector<Waiting> waiting() const;
+  bool hasWaiting() const { return !table_.empty(); }
 
   size_t cacheSize() const { return cache_.size(); }
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -203,7 +204,7 @@ std::shared_ptr<Work> Engine::enqueue(Entry entry) {
   return work;
 }
 
-bool Engine::waitForEvents(std::vector<pollfd>& fds) {
+bool Engine::waitForEvents(std::vector<pollfd>& fds, int timeout_ms) {
   // Right after activity the next event (an answer, the caller's next op) is
   // usually tens of microseconds away: check without sleeping, yielding the
   // CPU, for a short while first, since a sleep and wake-up costs more than
@@ -216,7 +217,7 @@ bool Engine::waitForEvents(std::vector<pollfd>& fds) {
       sched_yield();
     }
   }
-  return ::poll(fds.data(), fds.size(), -1) >= 0 || errno == EINTR;
+  return ::poll(fds.data(), fds.size(), timeout_ms) >= 0 || errno == EINTR;
 }
 
 void Engine::loop() {
@@ -230,7 +231,10 @@ void Engine::loop() {
       fds.push_back({to_coordinator_->fd(),
                      static_cast<short>(POLLIN | (to_coordinator_->wantsWrite() ? POLLOUT : 0)), 0});
     }
-    if (!waitForEvents(fds) ) {
+    // Rank 0 wakes once a second while ops wait for other ranks, to check
+    // for stalls; otherwise the loop sleeps until something happens.
+    const bool watch = coordinator_ && config_.stall_check && coordinator_->hasWaiting();
+    if (!waitForEvents(fds, watch ? 1000 : -1)) {
       fail(Status::peerFailure(std::string("poll failed: ") + std::strerror(errno)));
       return;
     }
@@ -262,6 +266,7 @@ void Engine::loop() {
       takeSubmissions();
       if (coordinator_) {
         readWorkers();
+        checkStalls();
       } else {
         readCoordinator();
       }
@@ -444,6 +449,40 @@ void Engine::run(const Response& response) {
     }
     e->work->complete(status);
     pending_.erase(response.names[i]);
+  }
+}
+
+void Engine::checkStalls() {
+  if (!config_.stall_check) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_stall_check_ < std::chrono::seconds(1)) return;
+  last_stall_check_ = now;
+  std::ostringstream report;  // one line per op, for the warning
+  std::ostringstream brief;   // one line in all, for the error
+  bool warn = false;
+  bool fatal = false;
+  for (const auto& w : coordinator_->waiting()) {
+    if (w.waited < config_.stall_warning) continue;
+    const long secs = std::chrono::duration_cast<std::chrono::seconds>(w.waited).count();
+    report << "\n  '" << w.name << "' waited " << secs << " s for ranks " << joinRanks(w.missing_ranks);
+    brief << (warn ? "; " : " ") << "'" << w.name << "' waited " << secs << " s for ranks "
+          << joinRanks(w.missing_ranks);
+    warn = true;
+    fatal = fatal || (config_.stall_shutdown.count() > 0 && w.waited >= config_.stall_shutdown);
+  }
+  if (fatal) {
+    // Fail fast instead of hanging forever: every rank gets this error.
+    throw std::runtime_error(
+        "stalled: some ranks submitted collectives that other ranks never submitted, for longer "
+        "than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" +
+        std::to_string(config_.stall_shutdown.count()) + " s:" + brief.str());
+  }
+  if (warn && now - last_stall_warning_ >= config_.stall_warning) {
+    last_stall_warning_ = now;
+    std::fprintf(stderr,
+                 "[hvd_torch] WARNING: stall: ranks are waiting for collectives other ranks have "
+                 "not submitted (HOROVOD_STALL_CHECK_TIME_SECONDS=%ld):%s\n",
+                 static_cast<long>(config_.stall_warning.count()), report.str().c_str());
   }
 }
 

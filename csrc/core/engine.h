@@ -64,7 +64,8 @@ class Engine {
   void connectWorker(const std::string& prefix);
   std::string missingRanksMessage(const std::string& prefix, const char* what);
 
-  bool waitForEvents(std::vector<pollfd>& fds);
+  bool waitForEvents(std::vector<pollfd>& fds, int timeout_ms);
+  void checkStalls();
   void loop();
   void takeSubmissions();
   void readWorkers();
@@ -95,6 +96,8 @@ class Engine {
   std::unique_ptr<Coordinator> coordinator_;           // rank 0 only
   std::vector<std::unique_ptr<FrameSocket>> workers_;  // rank 0: index = rank
   std::unique_ptr<FrameSocket> to_coordinator_;        // other ranks
+  std::chrono::steady_clock::time_point last_stall_check_{};
+  std::chrono::steady_clock::time_point last_stall_warning_{};
 };
 
 }  // namespace hvd

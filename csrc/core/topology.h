@@ -35,6 +35,13 @@ struct EngineConfig {
   std::string hostname;                      // HOROVOD_HOSTNAME
   // How long a waiting thread polls (yielding) before it sleeps: the
   // background loop after each event, and a caller in synchronize().
+  // Stall handling (rank 0): warn after stall_warning, fail every rank after
+  // stall_shutdown (0 = never). Horovod never fails; we do, after 15 minutes:
+  // longer than common single-rank pauses (a checkpoint, rank-0 validation),
+  // short enough that a deadlocked job ends and frees its machines.
+  bool stall_check = true;                             // !HOROVOD_STALL_CHECK_DISABLE
+  std::chrono::seconds stall_warning{60};              // HOROVOD_STALL_CHECK_TIME_SECONDS
+  std::chrono::seconds stall_shutdown{900};            // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS
   std::chrono::microseconds engine_spin{100};  // HVD_TORCH_ENGINE_SPIN_US
   std::chrono::microseconds caller_spin{100};  // HVD_TORCH_CALLER_SPIN_US
 
