@@ -40,6 +40,14 @@ def _allgather_fake(tensor, name="", process_set_id=0):
     return tensor.new_empty(shape)
 
 
+@torch.library.register_fake("hvd_torch::alltoall")
+def _alltoall_fake(tensor, splits=None, name="", process_set_id=0):
+    ctx = torch.library.get_ctx()
+    rows = ctx.new_dynamic_size()
+    received = tensor.new_empty((ctx.new_dynamic_size(),), dtype=torch.int32)
+    return tensor.new_empty((rows,) + tuple(tensor.shape[1:])), received
+
+
 @torch.library.register_fake("hvd_torch::broadcast")
 def _broadcast_fake(tensor, root_rank=0, name="", process_set_id=0):
     return torch.empty_like(tensor, memory_format=torch.contiguous_format)
@@ -172,6 +180,30 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return tensor
 
 
+# Handles of async alltoalls: synchronize() returns (output, received_splits) for them.
+_alltoall_handles = set()
+
+
+@_translate_errors
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts an alltoall; synchronize(handle) returns (output, received_splits)."""
+    handle = _ops.alltoall_async(tensor, splits, name or "", _ps(process_set))
+    _alltoall_handles.add(handle)
+    return handle
+
+
+@_translate_errors
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Sends splits[r] rows of `tensor` (in order) to rank r and concatenates what arrives.
+
+    Without `splits` the first dimension is split evenly. Returns the received
+    tensor, and with `splits` also the rows received from each rank (int32),
+    as Horovod does. Differentiable: the gradient is sent back the same way.
+    """
+    output, received = _ops.alltoall(tensor, splits, name or "", _ps(process_set))
+    return output if splits is None else (output, received)
+
+
 @_translate_errors
 def barrier(process_set=global_process_set):
     """Returns once every rank has called barrier()."""
@@ -187,4 +219,7 @@ def poll(handle):
 @_translate_errors
 def synchronize(handle):
     """Waits for `handle` and returns the operation's output (raises its error)."""
+    if handle in _alltoall_handles:
+        _alltoall_handles.discard(handle)
+        return _ops.synchronize_alltoall(handle)
     return _ops.synchronize(handle)

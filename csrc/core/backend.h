@@ -31,6 +31,10 @@ class Backend {
   virtual void allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                           DataType dtype) = 0;
   virtual void broadcast(void* buf, size_t count, DataType dtype, int root) = 0;
+  // Sends send_counts[r] elements (consecutive, in rank order) to rank r and
+  // receives recv_counts[r] elements from rank r into `out`, in rank order.
+  virtual void alltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                         const std::vector<int64_t>& recv_counts, DataType dtype) = 0;
   virtual void barrier() = 0;
 };
 

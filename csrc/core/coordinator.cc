@@ -76,6 +76,10 @@ ReadyOp Coordinator::negotiate(const std::string& name, Pending& p) {
     std::vector<int64_t> dims;
     for (const auto& q : reqs) dims.push_back(q.shape.empty() ? 1 : q.shape[0]);
     r.first_dims = {dims};
+  } else if (r.type == OpType::kAlltoall) {
+    std::vector<int64_t> matrix;
+    for (const auto& q : reqs) matrix.insert(matrix.end(), q.splits.begin(), q.splits.end());
+    r.first_dims = {matrix};
   }
   bool all_inline = r.type == OpType::kAllreduce;
   for (const auto& a : p.by_rank) all_inline = all_inline && a.has_inline;
@@ -119,7 +123,7 @@ std::string Coordinator::validate(const std::vector<Request>& reqs) const {
       return mismatch("process sets", [](const Request& x) { return x.process_set; });
   }
   auto shape = [](const Request& x) { return x.shapeString(); };
-  if (a.type == OpType::kAllgather) {
+  if (a.type == OpType::kAllgather || a.type == OpType::kAlltoall) {
     for (const auto& q : reqs) {
       bool same_rows = q.shape.size() == a.shape.size() &&
                        std::equal(q.shape.begin() + (q.shape.empty() ? 0 : 1), q.shape.end(),
@@ -140,6 +144,13 @@ std::string Coordinator::validate(const std::vector<Request>& reqs) const {
         return mismatch("prescale factors", [](const Request& x) { return x.prescale; });
       if (q.postscale != a.postscale)
         return mismatch("postscale factors", [](const Request& x) { return x.postscale; });
+    }
+  }
+  if (a.type == OpType::kAlltoall) {
+    for (const auto& q : reqs) {
+      if (q.splits.size() != reqs.size())
+        return mismatch("splits (one entry per rank expected)",
+                        [](const Request& x) { return x.splits.size(); });
     }
   }
   if (a.type == OpType::kBroadcast) {

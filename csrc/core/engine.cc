@@ -74,7 +74,7 @@ void Engine::connect(const BackendFactory& make_backend, uint64_t generation) {
     }
     backend_ = make_backend(topology_, config_, *store_, prefix + "data/");
   }
-  executor_ = Executor(backend_.get(), topology_.size);
+  executor_ = Executor(backend_.get(), topology_.size, topology_.rank);
 }
 
 std::string Engine::missingRanksMessage(const std::string& prefix, const char* what) {

@@ -24,7 +24,38 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
     case OpType::kBarrier:
       if (backend_ != nullptr) backend_->barrier();
       return;
+    case OpType::kAlltoall:
+      for (size_t i = 0; i < entries.size(); ++i) {
+        Response one = response;
+        one.first_dims = {response.first_dims[i]};
+        alltoall(one, *entries[i]);
+      }
+      return;
   }
+}
+
+void Executor::alltoall(const Response& response, Entry& e) {
+  // first_dims[0] is every rank's splits, row-major: rank s sends
+  // matrix[s * n + d] rows to rank d.
+  const std::vector<int64_t>& matrix = response.first_dims[0];
+  const int n = size_;
+  const int me = rank_;
+  const int64_t row = e.request.rowElements();
+  std::vector<int64_t> recv_rows(n), send_counts(n), recv_counts(n);
+  int64_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    recv_rows[r] = matrix[static_cast<size_t>(r) * n + me];
+    send_counts[r] = matrix[static_cast<size_t>(me) * n + r] * row;
+    recv_counts[r] = recv_rows[r] * row;
+    total += recv_rows[r];
+  }
+  e.work->setFirstDims(recv_rows);
+  void* out = e.allocate(total);
+  if (backend_ == nullptr || n == 1) {
+    std::memcpy(out, e.input, e.request.numBytes());
+    return;
+  }
+  backend_->alltoallv(e.input, send_counts, out, recv_counts, e.request.dtype);
 }
 
 void Executor::allreduce(const std::vector<Entry*>& entries) {

@@ -15,7 +15,7 @@ namespace hvd {
 class Executor {
  public:
   // backend may be null when size == 1 (everything is local).
-  Executor(Backend* backend, int size) : backend_(backend), size_(size) {}
+  Executor(Backend* backend, int size, int rank = 0) : backend_(backend), size_(size), rank_(rank) {}
 
   // Throws what the backend throws (a peer failure).
   void execute(const Response& response, const std::vector<Entry*>& entries);
@@ -24,9 +24,11 @@ class Executor {
   void allreduce(const std::vector<Entry*>& entries);
   void allgather(const Response& response, Entry& entry);
   void broadcast(Entry& entry);
+  void alltoall(const Response& response, Entry& entry);
 
   Backend* backend_;
   int size_;
+  int rank_;
   std::vector<char> fusion_buffer_;
 };
 

@@ -35,6 +35,8 @@ void Request::encode(Writer& w) const {
   w.putString(name);
   w.put<uint32_t>(static_cast<uint32_t>(shape.size()));
   for (int64_t d : shape) w.put<int64_t>(d);
+  w.put<uint32_t>(static_cast<uint32_t>(splits.size()));
+  for (int64_t d : splits) w.put<int64_t>(d);
 }
 
 Request Request::decode(Reader& r) {
@@ -50,6 +52,8 @@ Request Request::decode(Reader& r) {
   uint32_t dims = r.getCount(sizeof(int64_t));
   q.shape.resize(dims);
   for (auto& d : q.shape) d = r.get<int64_t>();
+  q.splits.resize(r.getCount(sizeof(int64_t)));
+  for (auto& d : q.splits) d = r.get<int64_t>();
   return q;
 }
 
@@ -57,7 +61,7 @@ bool Request::operator==(const Request& o) const {
   return type == o.type && dtype == o.dtype && reduce_op == o.reduce_op &&
          root_rank == o.root_rank && process_set == o.process_set &&
          prescale == o.prescale && postscale == o.postscale && name == o.name &&
-         shape == o.shape;
+         shape == o.shape && splits == o.splits;
 }
 
 void Response::encode(Writer& w) const {

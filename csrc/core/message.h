@@ -22,6 +22,8 @@ struct Request {
   double postscale = 1.0;
   std::string name;
   std::vector<int64_t> shape;
+  // Alltoall: rows of the first dimension this rank sends to each rank.
+  std::vector<int64_t> splits;
 
   int64_t numElements() const;
   size_t numBytes() const { return static_cast<size_t>(numElements()) * dataTypeSize(dtype); }
@@ -46,6 +48,7 @@ struct Response {
   OpType type = OpType::kAllreduce;
   std::vector<std::string> names;
   // Allgather: first dimension of each rank's tensor, per name (names x ranks).
+  // Alltoall: every rank's splits, row-major (ranks x ranks), per name.
   std::vector<std::vector<int64_t>> first_dims;
   // Cache slot the coordinator assigned to each name (-1 = not cached).
   std::vector<int32_t> cache_ids;

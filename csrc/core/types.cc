@@ -56,6 +56,7 @@ const char* opTypeName(OpType op) {
     case OpType::kAllgather: return "allgather";
     case OpType::kBroadcast: return "broadcast";
     case OpType::kBarrier: return "barrier";
+    case OpType::kAlltoall: return "alltoall";
   }
   return "unknown";
 }

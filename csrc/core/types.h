@@ -37,6 +37,7 @@ enum class OpType : uint8_t {
   kAllgather = 1,
   kBroadcast = 2,
   kBarrier = 3,
+  kAlltoall = 4,
 };
 
 size_t dataTypeSize(DataType dtype);

@@ -98,7 +98,20 @@ bool pollHandle(int64_t handle) {
   return it->second.work->done();
 }
 
-at::Tensor waitHandle(int64_t handle) {
+at::Tensor waitHandle(int64_t handle) { return waitHandle(handle, nullptr); }
+
+std::tuple<at::Tensor, at::Tensor> waitAlltoall(int64_t handle) {
+  Pending p;
+  at::Tensor out = waitHandle(handle, &p);
+  TORCH_CHECK(p.alltoall, "hvd_torch.synchronize_alltoall: handle ", handle,
+              " is not an alltoall handle");
+  const auto& rows = p.work->firstDims();
+  at::Tensor received = at::empty({static_cast<int64_t>(rows.size())}, at::kInt);
+  for (size_t i = 0; i < rows.size(); ++i) received[i] = static_cast<int32_t>(rows[i]);
+  return {out, received};
+}
+
+at::Tensor waitHandle(int64_t handle, Pending* finished) {
   Pending p;
   auto engine = currentEngine();
   const auto spin = engine ? engine->config().caller_spin : std::chrono::microseconds(0);
@@ -124,8 +137,9 @@ at::Tensor waitHandle(int64_t handle) {
   at::Tensor out = p.gathered ? *p.gathered : p.result;
   if (p.copy_back_to.defined()) {
     p.copy_back_to.copy_(out);
-    return p.copy_back_to;
+    out = p.copy_back_to;
   }
+  if (finished != nullptr) *finished = std::move(p);
   return out;
 }
 
@@ -224,6 +238,58 @@ int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_ra
   e.input = input.data_ptr();
   e.output = output.data_ptr();
   e.keep_alive = std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output);
+  p.work = engine->enqueue(std::move(e));
+  return addHandle(std::move(p));
+}
+
+int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
+                       const std::string& user_name, int64_t process_set) {
+  auto engine = requireEngine("alltoall");
+  const std::string name = opName("alltoall", user_name);
+  checkProcessSet(process_set, "alltoall");
+  DataType dtype = toDataType(tensor, "alltoall", name);
+  TORCH_CHECK(tensor.dim() >= 1, "hvd_torch.alltoall '", name,
+              "': the tensor needs at least one dimension to split");
+  const int size = engine->topology().size;
+  const int64_t rows = tensor.size(0);
+  std::vector<int64_t> send;
+  if (splits.has_value() && splits->defined()) {
+    const at::Tensor s = splits->to(at::kLong).contiguous();
+    TORCH_CHECK(s.dim() == 1 && s.numel() == size, "hvd_torch.alltoall '", name,
+                "': splits must be a 1-D tensor with one entry per rank (", size, "), got shape ",
+                splits->sizes());
+    send.assign(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + size);
+    int64_t total = 0;
+    for (int64_t v : send) {
+      TORCH_CHECK(v >= 0, "hvd_torch.alltoall '", name, "': negative split ", v);
+      total += v;
+    }
+    TORCH_CHECK(total == rows, "hvd_torch.alltoall '", name, "': splits sum to ", total,
+                " but the tensor's first dimension is ", rows);
+  } else {
+    TORCH_CHECK(rows % size == 0, "hvd_torch.alltoall '", name, "': without splits the first ",
+                "dimension (", rows, ") must be divisible by the number of ranks (", size, ")");
+    send.assign(size, rows / size);
+  }
+  at::Tensor input = contiguousCpu(tensor, "alltoall", name);
+  auto gathered = std::make_shared<at::Tensor>();
+  Entry e;
+  e.request = baseRequest(OpType::kAlltoall, input, dtype, name, process_set);
+  e.request.splits = send;
+  e.input = input.data_ptr();
+  std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
+  auto options = input.options();
+  e.allocate = [gathered, row_shape, options](int64_t total_rows) {
+    std::vector<int64_t> shape{total_rows};
+    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
+    *gathered = at::empty(shape, options);
+    return gathered->data_ptr();
+  };
+  e.keep_alive = std::make_shared<at::Tensor>(input);
+  Pending p;
+  p.name = name;
+  p.gathered = gathered;
+  p.alltoall = true;
   p.work = engine->enqueue(std::move(e));
   return addHandle(std::move(p));
 }

@@ -29,7 +29,8 @@ struct Pending {
   std::shared_ptr<Work> work;
   std::string name;
   at::Tensor result;                           // allreduce/broadcast output
-  std::shared_ptr<at::Tensor> gathered;        // allgather output, allocated late
+  std::shared_ptr<at::Tensor> gathered;        // allgather/alltoall output, allocated late
+  bool alltoall = false;                       // synchronize also returns received splits
   at::Tensor copy_back_to;                     // in-place op on a non-contiguous tensor
 };
 
@@ -38,6 +39,8 @@ int64_t addHandle(Pending pending);
 bool pollHandle(int64_t handle);
 // Waits (without holding the GIL), removes the handle, raises the op's error.
 at::Tensor waitHandle(int64_t handle);
+// As waitHandle, also returning the Pending record (e.g. to read first dims).
+at::Tensor waitHandle(int64_t handle, Pending* finished);
 void clearHandles();
 
 // Submission of each kind; return the handle.
@@ -47,6 +50,11 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& name, int64
 int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
                         const std::string& name, int64_t process_set);
 int64_t submitBarrier(int64_t process_set);
+// splits: rows to send to each rank (undefined: an even split).
+int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
+                       const std::string& name, int64_t process_set);
+// Alltoall's result and the rows received from each rank (int32, like Horovod).
+std::tuple<at::Tensor, at::Tensor> waitAlltoall(int64_t handle);
 
 }  // namespace torch_layer
 }  // namespace hvd

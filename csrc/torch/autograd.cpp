@@ -5,7 +5,9 @@
 //   allgather: the gradient is the Sum-allreduce of the gradient, narrowed to
 //              this rank's rows;
 //   broadcast: the gradient is the Sum-allreduce of the gradient on the root
-//              rank and zero elsewhere.
+//              rank and zero elsewhere;
+//   alltoall:  the gradient is the alltoall of the gradient with the splits
+//              that were received (it goes back the way the data came).
 // Registered at the Autograd key, so they apply in eager code and in
 // TorchScript alike. In-place and async forms are not differentiable (as in
 // Horovod): autograd falls through to the kernel.
@@ -43,6 +45,17 @@ at::Tensor callBroadcast(const at::Tensor& t, int64_t root, c10::string_view nam
           .findSchemaOrThrow("hvd_torch::broadcast", "")
           .typed<at::Tensor(const at::Tensor&, int64_t, c10::string_view, int64_t)>();
   return handle.call(t, root, name, ps);
+}
+
+std::tuple<at::Tensor, at::Tensor> callAlltoall(const at::Tensor& t,
+                                                const c10::optional<at::Tensor>& splits,
+                                                c10::string_view name, int64_t ps) {
+  static auto handle = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("hvd_torch::alltoall", "")
+                           .typed<std::tuple<at::Tensor, at::Tensor>(
+                               const at::Tensor&, const c10::optional<at::Tensor>&,
+                               c10::string_view, int64_t)>();
+  return handle.call(t, splits, name, ps);
 }
 
 constexpr int64_t kSum = 1;
@@ -106,6 +119,34 @@ class BroadcastFunction : public torch::autograd::Function<BroadcastFunction> {
   }
 };
 
+// alltoall: the gradient goes back the way the data came, i.e. an alltoall
+// of the gradient with the received splits (Horovod's rule).
+class AlltoallFunction : public torch::autograd::Function<AlltoallFunction> {
+ public:
+  static tensor_list forward(AutogradContext* ctx, const at::Tensor& t,
+                             const c10::optional<at::Tensor>& splits, c10::string_view name,
+                             int64_t ps) {
+    ctx->saved_data["ps"] = ps;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, received] = callAlltoall(t, splits, name, ps);
+    ctx->saved_data["received"] = received;
+    ctx->mark_non_differentiable({received});
+    return {out, received};
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    at::Tensor received = ctx->saved_data["received"].toTensor();
+    at::Tensor g = std::get<0>(callAlltoall(grads[0], received, "", ctx->saved_data["ps"].toInt()));
+    return {g, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> alltoallAutograd(const at::Tensor& t,
+                                                    const c10::optional<at::Tensor>& splits,
+                                                    c10::string_view name, int64_t ps) {
+  auto out = AlltoallFunction::apply(t, splits, name, ps);
+  return {out[0], out[1]};
+}
+
 at::Tensor allreduceAutograd(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
                              double post, int64_t ps) {
   return AllreduceFunction::apply(t, name, op, pre, post, ps);
@@ -125,8 +166,9 @@ TORCH_LIBRARY_IMPL(hvd_torch, Autograd, m) {
   m.impl("allreduce", allreduceAutograd);
   m.impl("allgather", allgatherAutograd);
   m.impl("broadcast", broadcastAutograd);
+  m.impl("alltoall", alltoallAutograd);
   for (const char* op : {"allreduce_", "allreduce_async", "allreduce_async_", "allgather_async",
-                         "broadcast_", "broadcast_async", "broadcast_async_"}) {
+                         "broadcast_", "broadcast_async", "broadcast_async_", "alltoall_async"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

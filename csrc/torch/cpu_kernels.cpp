@@ -51,6 +51,21 @@ int64_t broadcastAsyncInPlace(at::Tensor& t, int64_t root, c10::string_view name
   return submitBroadcast(t, true, root, std::string(name), ps);
 }
 
+std::tuple<at::Tensor, at::Tensor> alltoall(const at::Tensor& t,
+                                            const c10::optional<at::Tensor>& splits,
+                                            c10::string_view name, int64_t ps) {
+  return waitAlltoall(submitAlltoall(t, splits, std::string(name), ps));
+}
+
+int64_t alltoallAsync(const at::Tensor& t, const c10::optional<at::Tensor>& splits,
+                      c10::string_view name, int64_t ps) {
+  return submitAlltoall(t, splits, std::string(name), ps);
+}
+
+std::tuple<at::Tensor, at::Tensor> synchronizeAlltoall(int64_t handle) {
+  return waitAlltoall(handle);
+}
+
 at::Tensor barrier(int64_t ps) { return waitHandle(submitBarrier(ps)); }
 
 bool poll(int64_t handle) { return pollHandle(handle); }
@@ -70,6 +85,8 @@ TORCH_LIBRARY_IMPL(hvd_torch, CPU, m) {
   m.impl("broadcast_", broadcastInPlace);
   m.impl("broadcast_async", broadcastAsync);
   m.impl("broadcast_async_", broadcastAsyncInPlace);
+  m.impl("alltoall", alltoall);
+  m.impl("alltoall_async", alltoallAsync);
 }
 
 // Ops without a tensor argument have no dispatch key to select a backend:
@@ -78,6 +95,7 @@ TORCH_LIBRARY_IMPL(hvd_torch, CompositeImplicitAutograd, m) {
   m.impl("barrier", barrier);
   m.impl("poll", poll);
   m.impl("synchronize", synchronize);
+  m.impl("synchronize_alltoall", synchronizeAlltoall);
 }
 
 }  // namespace torch_layer

@@ -32,6 +32,13 @@ TORCH_LIBRARY(hvd_torch, m) {
   def("broadcast_async(Tensor tensor, int root_rank=0, str name=\"\", int process_set_id=0) -> int");
   defMutating("broadcast_async_(Tensor(a!) tensor, int root_rank=0, str name=\"\", "
       "int process_set_id=0) -> int");
+  // Returns the received tensor and the rows received from each rank (int32).
+  // splits: rows to send to each rank; None splits the first dimension evenly.
+  def("alltoall(Tensor tensor, Tensor? splits=None, str name=\"\", int process_set_id=0) -> "
+      "(Tensor, Tensor)");
+  def("alltoall_async(Tensor tensor, Tensor? splits=None, str name=\"\", int process_set_id=0) "
+      "-> int");
+  def("synchronize_alltoall(int handle) -> (Tensor, Tensor)");
   // Returns a tensor so that a tracer cannot drop the call.
   def("barrier(int process_set_id=0) -> Tensor");
   // Async completion. synchronize returns the op's result (for in-place ops

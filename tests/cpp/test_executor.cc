@@ -97,6 +97,31 @@ class RecordingBackend : public Backend {
     calls.push_back(c);
   }
 
+  // Our own chunk comes back as sent; a chunk from rank r is filled with byte r.
+  void alltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                 const std::vector<int64_t>& recv_counts, DataType dtype) override {
+    Call c;
+    c.what = "alltoallv";
+    c.dtype = dtype;
+    for (int64_t n : send_counts) c.counts.push_back(static_cast<size_t>(n));
+    recv_counts_ = recv_counts;
+    calls.push_back(c);
+    const size_t elem = dataTypeSize(dtype);
+    const char* src = static_cast<const char*>(in);
+    char* o = static_cast<char*>(out);
+    for (size_t r = 0; r < recv_counts.size(); ++r) {
+      if (static_cast<int>(r) == rank_) {
+        int64_t before = 0;
+        for (size_t q = 0; q < r; ++q) before += send_counts[q];
+        std::memcpy(o, src + before * elem, recv_counts[r] * elem);
+      } else {
+        std::memset(o, static_cast<int>(r), recv_counts[r] * elem);
+      }
+      o += recv_counts[r] * elem;
+    }
+  }
+  std::vector<int64_t> recv_counts_;
+
   std::vector<Call> calls;
   int32_t sum_offset = 0;
   bool fail = false;
@@ -413,6 +438,37 @@ TEST(backend_failure_propagates) {
   std::vector<float> in = {1}, out(1);
   Entry e = entry("x", OpType::kAllreduce, DataType::kFloat32, {1}, in.data(), out.data());
   CHECK_THROWS(ex.execute(execute(OpType::kAllreduce, {&e}), {&e}), std::runtime_error);
+}
+
+
+TEST(alltoall_sends_this_ranks_row_of_splits_and_receives_its_column) {
+  // 2 ranks, this is rank 1. Rank 0 sends [1, 2] rows, rank 1 sends [3, 1] rows; rows of 2 bytes.
+  RecordingBackend backend(2, 1);
+  Executor ex(&backend, 2, 1);
+  std::vector<uint8_t> in = {10, 11, 12, 13, 14, 15, 16, 17};  // 4 rows: 3 to rank 0, 1 to itself
+  std::vector<uint8_t> out;
+  Entry e;
+  e.request.type = OpType::kAlltoall;
+  e.request.dtype = DataType::kUInt8;
+  e.request.shape = {4, 2};
+  e.request.splits = {3, 1};
+  e.input = in.data();
+  e.work = std::make_shared<Work>();
+  e.allocate = [&](int64_t rows) {
+    out.assign(static_cast<size_t>(rows) * 2, 0);
+    return static_cast<void*>(out.data());
+  };
+  Response r;
+  r.type = OpType::kAlltoall;
+  r.names = {"a2a"};
+  r.first_dims = {{1, 2, 3, 1}};
+  std::vector<Entry*> entries = {&e};
+  ex.execute(r, entries);
+  CHECK_EQ(backend.calls.size(), 1u);
+  CHECK_EQ(backend.calls[0].counts, (std::vector<size_t>{6, 2}));
+  CHECK_EQ(backend.recv_counts_, (std::vector<int64_t>{4, 2}));  // 2 rows from 0, 1 from itself
+  CHECK_EQ(e.work->firstDims(), (std::vector<int64_t>{2, 1}));
+  CHECK_EQ(out, (std::vector<uint8_t>{0, 0, 0, 0, 16, 17}));
 }
 
 int main() { return check::runAll(); }

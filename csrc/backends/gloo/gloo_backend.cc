@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
@@ -71,6 +72,17 @@ void GlooBackend::broadcast(void* buf, size_t count, DataType dtype, int root) {
     opts.setOutput(static_cast<T*>(buf), count);
     opts.setRoot(root);
     gloo::broadcast(opts);
+  });
+}
+
+void GlooBackend::alltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                            const std::vector<int64_t>& recv_counts, DataType dtype) {
+  withWidth(dtype, [&](auto t) {
+    using T = decltype(t);
+    gloo::AlltoallvOptions opts(context_);
+    opts.setInput(const_cast<T*>(static_cast<const T*>(in)), send_counts);
+    opts.setOutput(static_cast<T*>(out), recv_counts);
+    gloo::alltoallv(opts);
   });
 }
 
