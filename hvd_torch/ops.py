@@ -48,6 +48,13 @@ def _alltoall_fake(tensor, splits=None, name="", process_set_id=0):
     return tensor.new_empty((rows,) + tuple(tensor.shape[1:])), received
 
 
+@torch.library.register_fake("hvd_torch::reducescatter")
+def _reducescatter_fake(tensor, name="", op=0, prescale_factor=1.0, postscale_factor=1.0,
+                        process_set_id=0):
+    rows = torch.library.get_ctx().new_dynamic_size()
+    return tensor.new_empty((rows,) + tuple(tensor.shape[1:]))
+
+
 @torch.library.register_fake("hvd_torch::broadcast")
 def _broadcast_fake(tensor, root_rank=0, name="", process_set_id=0):
     return torch.empty_like(tensor, memory_format=torch.contiguous_format)
@@ -178,6 +185,29 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns `tensor`."""
     _ops.broadcast_(tensor, root_rank, name or "", _ps(process_set))
     return tensor
+
+
+@_translate_errors
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Starts a reducescatter; returns a handle for poll()/synchronize()."""
+    return _ops.reducescatter_async(tensor, name or "", op, float(prescale_factor),
+                                    float(postscale_factor), _ps(process_set))
+
+
+@_translate_errors
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces `tensor` over all ranks (Average or Sum) and returns this rank's rows.
+
+    The first dimension is split as in Horovod: rows // size rows each, and the
+    first rows % size ranks get one more. Differentiable: the gradient is the
+    allgather of the gradient (scaled like the forward).
+    """
+    compressed, ctx = compression.compress(tensor)
+    out = _ops.reducescatter(compressed, name or "", op, float(prescale_factor),
+                             float(postscale_factor), _ps(process_set))
+    return compression.decompress(out, ctx)
 
 
 # Handles of async alltoalls: synchronize() returns (output, received_splits) for them.

@@ -81,7 +81,7 @@ ReadyOp Coordinator::negotiate(const std::string& name, Pending& p) {
     for (const auto& q : reqs) matrix.insert(matrix.end(), q.splits.begin(), q.splits.end());
     r.first_dims = {matrix};
   }
-  bool all_inline = r.type == OpType::kAllreduce;
+  bool all_inline = r.type == OpType::kAllreduce || r.type == OpType::kReducescatter;
   for (const auto& a : p.by_rank) all_inline = all_inline && a.has_inline;
   if (r.type == OpType::kBarrier) {
     r.kind = Response::kDone;
@@ -136,7 +136,7 @@ std::string Coordinator::validate(const std::vector<Request>& reqs) const {
       if (q.shape != a.shape) return mismatch("shapes", shape);
     }
   }
-  if (a.type == OpType::kAllreduce) {
+  if (a.type == OpType::kAllreduce || a.type == OpType::kReducescatter) {
     for (const auto& q : reqs) {
       if (q.reduce_op != a.reduce_op)
         return mismatch("reduce ops", [](const Request& x) { return reduceOpName(x.reduce_op); });

@@ -318,7 +318,9 @@ void Engine::takeSubmissions() {
     a.request = e.request;
     // Inline data flows through rank 0, which receives and sends (size - 1)
     // copies: worth it while that traffic stays below the threshold.
-    if (e.request.type == OpType::kAllreduce && topology_.size > 1 &&
+    const bool reduces = e.request.type == OpType::kAllreduce ||
+                         e.request.type == OpType::kReducescatter;
+    if (reduces && topology_.size > 1 &&
         e.request.numBytes() * (topology_.size - 1) <= config_.inline_threshold) {
       a.has_inline = true;
       a.inline_data.assign(static_cast<const char*>(e.input), e.request.numBytes());
@@ -426,7 +428,17 @@ void Engine::run(const Response& response) {
       status = Status::invalidArgument(response.error);
       break;
     case Response::kInline:
-      std::memcpy(entries[0]->output, response.inline_result.data(), response.inline_result.size());
+      if (response.type == OpType::kReducescatter) {
+        const Request& q = entries[0]->request;
+        const RowSlice mine = reducescatterSlice(q.shape[0], topology_.size, topology_.rank);
+        const size_t row_bytes = static_cast<size_t>(q.rowElements()) * dataTypeSize(q.dtype);
+        void* out = entries[0]->allocate(mine.rows);
+        std::memcpy(out, response.inline_result.data() + mine.offset * row_bytes,
+                    mine.rows * row_bytes);
+      } else {
+        std::memcpy(entries[0]->output, response.inline_result.data(),
+                    response.inline_result.size());
+      }
       break;
     case Response::kDone:
       break;

@@ -24,6 +24,9 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
     case OpType::kBarrier:
       if (backend_ != nullptr) backend_->barrier();
       return;
+    case OpType::kReducescatter:
+      for (Entry* e : entries) reducescatter(*e);
+      return;
     case OpType::kAlltoall:
       for (size_t i = 0; i < entries.size(); ++i) {
         Response one = response;
@@ -32,6 +35,31 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
       }
       return;
   }
+}
+
+// Reduces the whole tensor, then keeps this rank's rows. Gloo 0.5 has no
+// reduce-scatter for arbitrary counts; this moves twice the bytes of a ring
+// reduce-scatter (an allreduce is a reduce-scatter plus an allgather).
+void Executor::reducescatter(Entry& e) {
+  const Request& q = e.request;
+  const size_t n = static_cast<size_t>(q.numElements());
+  const size_t bytes = q.numBytes();
+  if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
+  char* buf = fusion_buffer_.data();
+  std::memcpy(buf, e.input, bytes);
+  scaleBuffer(buf, n, q.dtype, q.prescale);
+  if (backend_ != nullptr && size_ > 1 && n > 0) {
+    backend_->allreduce(buf, n, q.dtype,
+                        q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op);
+  }
+  const RowSlice mine = reducescatterSlice(q.shape[0], size_, rank_);
+  const size_t row_bytes = static_cast<size_t>(q.rowElements()) * dataTypeSize(q.dtype);
+  char* out = static_cast<char*>(e.allocate(mine.rows));
+  char* slice = buf + mine.offset * row_bytes;
+  const size_t count = static_cast<size_t>(mine.rows * q.rowElements());
+  if (q.reduce_op == ReduceOp::kAverage) divideBuffer(slice, count, q.dtype, size_);
+  scaleBuffer(slice, count, q.dtype, q.postscale);
+  std::memcpy(out, slice, count * dataTypeSize(q.dtype));
 }
 
 void Executor::alltoall(const Response& response, Entry& e) {

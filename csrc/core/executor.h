@@ -25,6 +25,7 @@ class Executor {
   void allgather(const Response& response, Entry& entry);
   void broadcast(Entry& entry);
   void alltoall(const Response& response, Entry& entry);
+  void reducescatter(Entry& entry);
 
   Backend* backend_;
   int size_;

@@ -1,5 +1,7 @@
 #include "types.h"
 
+#include <algorithm>
+
 namespace hvd {
 
 size_t dataTypeSize(DataType dtype) {
@@ -57,8 +59,15 @@ const char* opTypeName(OpType op) {
     case OpType::kBroadcast: return "broadcast";
     case OpType::kBarrier: return "barrier";
     case OpType::kAlltoall: return "alltoall";
+    case OpType::kReducescatter: return "reducescatter";
   }
   return "unknown";
+}
+
+RowSlice reducescatterSlice(int64_t rows, int size, int rank) {
+  const int64_t base = rows / size;
+  const int64_t extra = rows % size;
+  return {rank * base + std::min<int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
 }
 
 bool isFloatingPoint(DataType dtype) {

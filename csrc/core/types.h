@@ -38,7 +38,16 @@ enum class OpType : uint8_t {
   kBroadcast = 2,
   kBarrier = 3,
   kAlltoall = 4,
+  kReducescatter = 5,
 };
+
+// Reducescatter's split of the first dimension (Horovod's rule): every rank
+// gets rows / size rows, and the first rows % size ranks one more.
+struct RowSlice {
+  int64_t offset;
+  int64_t rows;
+};
+RowSlice reducescatterSlice(int64_t rows, int size, int rank);
 
 size_t dataTypeSize(DataType dtype);
 const char* dataTypeName(DataType dtype);

@@ -294,6 +294,42 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
   return addHandle(std::move(p));
 }
 
+int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_name, int64_t op,
+                            double prescale, double postscale, int64_t process_set) {
+  auto engine = requireEngine("reducescatter");
+  const std::string name = opName("reducescatter", user_name);
+  checkProcessSet(process_set, "reducescatter");
+  DataType dtype = toDataType(tensor, "reducescatter", name);
+  TORCH_CHECK(op == 0 || op == 1, "hvd_torch.reducescatter '", name, "': unsupported reduce op ",
+              op, " (Average=0 and Sum=1 are supported, as in Horovod)");
+  TORCH_CHECK(tensor.dim() >= 1, "hvd_torch.reducescatter '", name,
+              "': the tensor needs at least one dimension to scatter");
+  TORCH_CHECK(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
+              "hvd_torch.reducescatter '", name, "': bool tensors support Sum only, unscaled");
+  at::Tensor input = contiguousCpu(tensor, "reducescatter", name);
+  auto gathered = std::make_shared<at::Tensor>();
+  Entry e;
+  e.request = baseRequest(OpType::kReducescatter, input, dtype, name, process_set);
+  e.request.reduce_op = static_cast<ReduceOp>(op);
+  e.request.prescale = prescale;
+  e.request.postscale = postscale;
+  e.input = input.data_ptr();
+  std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
+  auto options = input.options();
+  e.allocate = [gathered, row_shape, options](int64_t rows) {
+    std::vector<int64_t> shape{rows};
+    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
+    *gathered = at::empty(shape, options);
+    return gathered->data_ptr();
+  };
+  e.keep_alive = std::make_shared<at::Tensor>(input);
+  Pending p;
+  p.name = name;
+  p.gathered = gathered;
+  p.work = engine->enqueue(std::move(e));
+  return addHandle(std::move(p));
+}
+
 int64_t submitBarrier(int64_t process_set) {
   auto engine = requireEngine("barrier");
   checkProcessSet(process_set, "barrier");

@@ -50,6 +50,8 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& name, int64
 int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
                         const std::string& name, int64_t process_set);
 int64_t submitBarrier(int64_t process_set);
+int64_t submitReducescatter(const at::Tensor& tensor, const std::string& name, int64_t op,
+                            double prescale, double postscale, int64_t process_set);
 // splits: rows to send to each rank (undefined: an even split).
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
                        const std::string& name, int64_t process_set);

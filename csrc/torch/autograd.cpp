@@ -7,7 +7,9 @@
 //   broadcast: the gradient is the Sum-allreduce of the gradient on the root
 //              rank and zero elsewhere;
 //   alltoall:  the gradient is the alltoall of the gradient with the splits
-//              that were received (it goes back the way the data came).
+//              that were received (it goes back the way the data came);
+//   reducescatter: the gradient is the allgather of the gradient times the
+//              scale factors (and 1/size for Average): d(sum_s x_s)/dx_r = 1.
 // Registered at the Autograd key, so they apply in eager code and in
 // TorchScript alike. In-place and async forms are not differentiable (as in
 // Horovod): autograd falls through to the kernel.
@@ -119,6 +121,31 @@ class BroadcastFunction : public torch::autograd::Function<BroadcastFunction> {
   }
 };
 
+class ReducescatterFunction : public torch::autograd::Function<ReducescatterFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& t, c10::string_view name,
+                            int64_t op, double pre, double post, int64_t ps) {
+    ctx->saved_data["scale"] = pre * post / (op == 0 ? currentEngine()->topology().size : 1);
+    ctx->saved_data["ps"] = ps;
+    static auto handle = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("hvd_torch::reducescatter", "")
+                             .typed<at::Tensor(const at::Tensor&, c10::string_view, int64_t,
+                                               double, double, int64_t)>();
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return handle.call(t, name, op, pre, post, ps);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    at::Tensor g = callAllgather(grads[0].contiguous(), "", ctx->saved_data["ps"].toInt());
+    g = g.mul(ctx->saved_data["scale"].toDouble());
+    return {g, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor reducescatterAutograd(const at::Tensor& t, c10::string_view name, int64_t op,
+                                 double pre, double post, int64_t ps) {
+  return ReducescatterFunction::apply(t, name, op, pre, post, ps);
+}
+
 // alltoall: the gradient goes back the way the data came, i.e. an alltoall
 // of the gradient with the received splits (Horovod's rule).
 class AlltoallFunction : public torch::autograd::Function<AlltoallFunction> {
@@ -167,8 +194,10 @@ TORCH_LIBRARY_IMPL(hvd_torch, Autograd, m) {
   m.impl("allgather", allgatherAutograd);
   m.impl("broadcast", broadcastAutograd);
   m.impl("alltoall", alltoallAutograd);
+  m.impl("reducescatter", reducescatterAutograd);
   for (const char* op : {"allreduce_", "allreduce_async", "allreduce_async_", "allgather_async",
-                         "broadcast_", "broadcast_async", "broadcast_async_", "alltoall_async"}) {
+                         "broadcast_", "broadcast_async", "broadcast_async_", "alltoall_async",
+                         "reducescatter_async"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

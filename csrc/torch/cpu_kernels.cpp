@@ -66,6 +66,16 @@ std::tuple<at::Tensor, at::Tensor> synchronizeAlltoall(int64_t handle) {
   return waitAlltoall(handle);
 }
 
+at::Tensor reducescatter(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
+                         double post, int64_t ps) {
+  return waitHandle(submitReducescatter(t, std::string(name), op, pre, post, ps));
+}
+
+int64_t reducescatterAsync(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
+                           double post, int64_t ps) {
+  return submitReducescatter(t, std::string(name), op, pre, post, ps);
+}
+
 at::Tensor barrier(int64_t ps) { return waitHandle(submitBarrier(ps)); }
 
 bool poll(int64_t handle) { return pollHandle(handle); }
@@ -86,6 +96,8 @@ TORCH_LIBRARY_IMPL(hvd_torch, CPU, m) {
   m.impl("broadcast_async", broadcastAsync);
   m.impl("broadcast_async_", broadcastAsyncInPlace);
   m.impl("alltoall", alltoall);
+  m.impl("reducescatter", reducescatter);
+  m.impl("reducescatter_async", reducescatterAsync);
   m.impl("alltoall_async", alltoallAsync);
 }
 

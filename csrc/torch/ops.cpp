@@ -32,6 +32,12 @@ TORCH_LIBRARY(hvd_torch, m) {
   def("broadcast_async(Tensor tensor, int root_rank=0, str name=\"\", int process_set_id=0) -> int");
   defMutating("broadcast_async_(Tensor(a!) tensor, int root_rank=0, str name=\"\", "
       "int process_set_id=0) -> int");
+  // Reduces over all ranks and returns this rank's rows of the result: rows /
+  // size each, the first rows % size ranks one more (Horovod's split).
+  def("reducescatter(Tensor tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
+      "float postscale_factor=1.0, int process_set_id=0) -> Tensor");
+  def("reducescatter_async(Tensor tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
+      "float postscale_factor=1.0, int process_set_id=0) -> int");
   // Returns the received tensor and the rows received from each rank (int32).
   // splits: rows to send to each rank; None splits the first dimension evenly.
   def("alltoall(Tensor tensor, Tensor? splits=None, str name=\"\", int process_set_id=0) -> "
