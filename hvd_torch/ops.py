@@ -243,12 +243,20 @@ def barrier(process_set=global_process_set):
 @_translate_errors
 def poll(handle):
     """True once the async operation behind `handle` has finished."""
+    from hvd_torch import grouped
+
+    if grouped.is_group_handle(handle):
+        return grouped.poll_group(handle)
     return _ops.poll(handle)
 
 
 @_translate_errors
 def synchronize(handle):
     """Waits for `handle` and returns the operation's output (raises its error)."""
+    from hvd_torch import grouped
+
+    if grouped.is_group_handle(handle):
+        return grouped.synchronize_group(handle)
     if handle in _alltoall_handles:
         _alltoall_handles.discard(handle)
         return _ops.synchronize_alltoall(handle)

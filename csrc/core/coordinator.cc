@@ -31,8 +31,21 @@ std::string Coordinator::add(Arrival arrival) {
            std::to_string(arrival.rank);
   }
   p.arrived[arrival.rank] = true;
+  const std::string group = arrival.request.group;
+  const int32_t group_size = arrival.request.group_size;
   p.by_rank[arrival.rank] = std::move(arrival);
-  if (++p.count == size_) ready_.push_back(name);
+  if (++p.count < size_) return "";
+  if (group.empty()) {
+    ready_.push_back(name);
+    return "";
+  }
+  // A group becomes ready as a unit, so its members run (and fuse) together.
+  auto& members = groups_[group];
+  members.push_back(name);
+  if (static_cast<int32_t>(members.size()) >= group_size) {
+    ready_.insert(ready_.end(), members.begin(), members.end());
+    groups_.erase(group);
+  }
   return "";
 }
 
@@ -45,6 +58,20 @@ std::vector<Response> Coordinator::takeReady() {
     table_.erase(it);
   }
   ready_.clear();
+  // All or none: if one member of a group is invalid, the whole group fails.
+  std::unordered_map<std::string, std::string> group_errors;
+  for (const auto& op : ops) {
+    if (!op.request.group.empty() && op.response.kind == Response::kError)
+      group_errors.emplace(op.request.group, op.response.error);
+  }
+  for (auto& op : ops) {
+    auto it = group_errors.find(op.request.group);
+    if (op.request.group.empty() || it == group_errors.end()) continue;
+    op.response.kind = Response::kError;
+    op.response.error = "group '" + op.request.group + "' failed: " + it->second;
+    op.response.inline_result.clear();
+    op.response.cache_ids = {-1};
+  }
   return planFusion(std::move(ops), fusion_threshold_);
 }
 
@@ -117,6 +144,12 @@ std::string Coordinator::validate(const std::vector<Request>& reqs) const {
   }
   for (const auto& q : reqs) {
     if (q.dtype != a.dtype) return mismatch("dtypes", [](const Request& x) { return dataTypeName(x.dtype); });
+  }
+  for (const auto& q : reqs) {
+    if (q.group != a.group || q.group_size != a.group_size)
+      return mismatch("groups", [](const Request& x) {
+        return "'" + x.group + "' of " + std::to_string(x.group_size);
+      });
   }
   for (const auto& q : reqs) {
     if (q.process_set != a.process_set)

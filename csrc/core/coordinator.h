@@ -67,6 +67,8 @@ class Coordinator {
   CoordinatorCache cache_;
   std::unordered_map<std::string, Pending> table_;
   std::vector<std::string> ready_;  // names in the order they completed
+  // Grouped names every rank submitted, held until the whole group has.
+  std::unordered_map<std::string, std::vector<std::string>> groups_;
 };
 
 }  // namespace hvd

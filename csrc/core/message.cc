@@ -37,6 +37,8 @@ void Request::encode(Writer& w) const {
   for (int64_t d : shape) w.put<int64_t>(d);
   w.put<uint32_t>(static_cast<uint32_t>(splits.size()));
   for (int64_t d : splits) w.put<int64_t>(d);
+  w.putString(group);
+  w.put<int32_t>(group_size);
 }
 
 Request Request::decode(Reader& r) {
@@ -54,6 +56,8 @@ Request Request::decode(Reader& r) {
   for (auto& d : q.shape) d = r.get<int64_t>();
   q.splits.resize(r.getCount(sizeof(int64_t)));
   for (auto& d : q.splits) d = r.get<int64_t>();
+  q.group = r.getString();
+  q.group_size = r.get<int32_t>();
   return q;
 }
 
@@ -61,7 +65,8 @@ bool Request::operator==(const Request& o) const {
   return type == o.type && dtype == o.dtype && reduce_op == o.reduce_op &&
          root_rank == o.root_rank && process_set == o.process_set &&
          prescale == o.prescale && postscale == o.postscale && name == o.name &&
-         shape == o.shape && splits == o.splits;
+         shape == o.shape && splits == o.splits && group == o.group &&
+         group_size == o.group_size;
 }
 
 void Response::encode(Writer& w) const {

@@ -24,6 +24,9 @@ struct Request {
   std::vector<int64_t> shape;
   // Alltoall: rows of the first dimension this rank sends to each rank.
   std::vector<int64_t> splits;
+  // Grouped ops: members of one group are negotiated and run as a unit.
+  std::string group;       // empty: not grouped
+  int32_t group_size = 0;  // members in the group
 
   int64_t numElements() const;
   size_t numBytes() const { return static_cast<size_t>(numElements()) * dataTypeSize(dtype); }

@@ -35,8 +35,12 @@ at::Tensor contiguousCpu(const at::Tensor& t, const char* op, const std::string&
 }
 
 Request baseRequest(OpType type, const at::Tensor& t, DataType dtype, const std::string& name,
-                    int64_t process_set) {
+                    int64_t process_set, const GroupTag* group = nullptr) {
   Request q;
+  if (group != nullptr) {
+    q.group = group->name;
+    q.group_size = group->size;
+  }
   q.type = type;
   q.dtype = dtype;
   q.name = name;
@@ -149,7 +153,8 @@ void clearHandles() {
 }
 
 int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::string& user_name,
-                        int64_t op, double prescale, double postscale, int64_t process_set) {
+                        int64_t op, double prescale, double postscale, int64_t process_set,
+                        const GroupTag* group) {
   auto engine = requireEngine("allreduce");
   const std::string name = opName("allreduce", user_name);
   checkProcessSet(process_set, "allreduce");
@@ -173,7 +178,7 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::stri
   p.result = output;
 
   Entry e;
-  e.request = baseRequest(OpType::kAllreduce, input, dtype, name, process_set);
+  e.request = baseRequest(OpType::kAllreduce, input, dtype, name, process_set, group);
   e.request.reduce_op = static_cast<ReduceOp>(op);
   e.request.prescale = prescale;
   e.request.postscale = postscale;
@@ -185,7 +190,7 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::stri
 }
 
 int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
-                        int64_t process_set) {
+                        int64_t process_set, const GroupTag* group) {
   auto engine = requireEngine("allgather");
   const std::string name = opName("allgather", user_name);
   checkProcessSet(process_set, "allgather");
@@ -194,7 +199,7 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
   at::Tensor input = contiguousCpu(tensor.dim() == 0 ? tensor.reshape({1}) : tensor, "allgather", name);
   auto gathered = std::make_shared<at::Tensor>();
   Entry e;
-  e.request = baseRequest(OpType::kAllgather, input, dtype, name, process_set);
+  e.request = baseRequest(OpType::kAllgather, input, dtype, name, process_set, group);
   e.input = input.data_ptr();
   std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
   auto options = input.options();
@@ -295,7 +300,8 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
 }
 
 int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_name, int64_t op,
-                            double prescale, double postscale, int64_t process_set) {
+                            double prescale, double postscale, int64_t process_set,
+                            const GroupTag* group) {
   auto engine = requireEngine("reducescatter");
   const std::string name = opName("reducescatter", user_name);
   checkProcessSet(process_set, "reducescatter");
@@ -309,7 +315,7 @@ int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_na
   at::Tensor input = contiguousCpu(tensor, "reducescatter", name);
   auto gathered = std::make_shared<at::Tensor>();
   Entry e;
-  e.request = baseRequest(OpType::kReducescatter, input, dtype, name, process_set);
+  e.request = baseRequest(OpType::kReducescatter, input, dtype, name, process_set, group);
   e.request.reduce_op = static_cast<ReduceOp>(op);
   e.request.prescale = prescale;
   e.request.postscale = postscale;
@@ -328,6 +334,45 @@ int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_na
   p.gathered = gathered;
   p.work = engine->enqueue(std::move(e));
   return addHandle(std::move(p));
+}
+
+std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>& tensors,
+                                 const std::string& name, int64_t op, double prescale,
+                                 double postscale, int64_t process_set) {
+  const char* what = kind == GroupedKind::kAllgather       ? "grouped_allgather"
+                     : kind == GroupedKind::kReducescatter ? "grouped_reducescatter"
+                                                           : "grouped_allreduce";
+  TORCH_CHECK(!tensors.empty(), "hvd_torch.", what, ": the group has no tensors");
+  // Check every member before submitting any: a half-submitted group would
+  // wait forever for its missing members.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string member = std::string(what) + " member " + std::to_string(i);
+    toDataType(tensors[i], what, member);
+    TORCH_CHECK(tensors[i].device().is_cpu(), "hvd_torch.", what, " '", member, "': tensor is on ",
+                tensors[i].device(), ", but this build only has the Gloo (CPU) backend");
+    TORCH_CHECK(kind != GroupedKind::kReducescatter || tensors[i].dim() >= 1, "hvd_torch.", what,
+                " '", member, "': the tensor needs at least one dimension to scatter");
+  }
+  GroupTag group{opName(what, name), static_cast<int32_t>(tensors.size())};
+  std::vector<int64_t> handles;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string member = name.empty() ? "" : name + "." + std::to_string(i);
+    switch (kind) {
+      case GroupedKind::kAllreduce:
+      case GroupedKind::kAllreduceInPlace:
+        handles.push_back(submitAllreduce(tensors[i], kind == GroupedKind::kAllreduceInPlace,
+                                          member, op, prescale, postscale, process_set, &group));
+        break;
+      case GroupedKind::kAllgather:
+        handles.push_back(submitAllgather(tensors[i], member, process_set, &group));
+        break;
+      case GroupedKind::kReducescatter:
+        handles.push_back(submitReducescatter(tensors[i], member, op, prescale, postscale,
+                                              process_set, &group));
+        break;
+    }
+  }
+  return handles;
 }
 
 int64_t submitBarrier(int64_t process_set) {

@@ -43,15 +43,31 @@ at::Tensor waitHandle(int64_t handle);
 at::Tensor waitHandle(int64_t handle, Pending* finished);
 void clearHandles();
 
+// Membership of a grouped op: negotiated and run with the group's other members.
+struct GroupTag {
+  std::string name;
+  int32_t size = 0;
+};
+
 // Submission of each kind; return the handle.
 int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::string& name,
-                        int64_t op, double prescale, double postscale, int64_t process_set);
-int64_t submitAllgather(const at::Tensor& tensor, const std::string& name, int64_t process_set);
+                        int64_t op, double prescale, double postscale, int64_t process_set,
+                        const GroupTag* group = nullptr);
+int64_t submitAllgather(const at::Tensor& tensor, const std::string& name, int64_t process_set,
+                        const GroupTag* group = nullptr);
 int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
                         const std::string& name, int64_t process_set);
 int64_t submitBarrier(int64_t process_set);
 int64_t submitReducescatter(const at::Tensor& tensor, const std::string& name, int64_t op,
-                            double prescale, double postscale, int64_t process_set);
+                            double prescale, double postscale, int64_t process_set,
+                            const GroupTag* group = nullptr);
+
+// Grouped submission: member i is named "<name>.<i>" (or gets an unnamed op's
+// name); returns one handle per member.
+enum class GroupedKind { kAllreduce, kAllreduceInPlace, kAllgather, kReducescatter };
+std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>& tensors,
+                                 const std::string& name, int64_t op, double prescale,
+                                 double postscale, int64_t process_set);
 // splits: rows to send to each rank (undefined: an even split).
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
                        const std::string& name, int64_t process_set);

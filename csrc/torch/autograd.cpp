@@ -146,6 +146,118 @@ at::Tensor reducescatterAutograd(const at::Tensor& t, c10::string_view name, int
   return ReducescatterFunction::apply(t, name, op, pre, post, ps);
 }
 
+using GroupedReduceSig = std::vector<at::Tensor>(at::TensorList, c10::string_view, int64_t, double,
+                                                 double, int64_t);
+
+std::vector<at::Tensor> callGrouped(const char* op, at::TensorList ts, c10::string_view name,
+                                    int64_t reduce_op, double pre, double post, int64_t ps) {
+  auto handle = c10::Dispatcher::singleton()
+                    .findSchemaOrThrow(op, "")
+                    .typed<GroupedReduceSig>();
+  return handle.call(ts, name, reduce_op, pre, post, ps);
+}
+
+std::vector<at::Tensor> callGroupedAllgather(at::TensorList ts, int64_t ps) {
+  static auto handle =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("hvd_torch::grouped_allgather", "")
+          .typed<std::vector<at::Tensor>(at::TensorList, c10::string_view, int64_t)>();
+  return handle.call(ts, "", ps);
+}
+
+tensor_list withEmptyArgs(std::vector<at::Tensor> grads, int extra) {
+  for (int i = 0; i < extra; ++i) grads.emplace_back();
+  return grads;
+}
+
+// Grouped ops: the members' gradients follow the single-tensor rules above,
+// and travel as one group too.
+class GroupedAllreduceFunction : public torch::autograd::Function<GroupedAllreduceFunction> {
+ public:
+  static tensor_list forward(AutogradContext* ctx, at::TensorList ts, c10::string_view name,
+                             int64_t op, double pre, double post, int64_t ps) {
+    ctx->saved_data["op"] = op;
+    ctx->saved_data["pre"] = pre;
+    ctx->saved_data["post"] = post;
+    ctx->saved_data["ps"] = ps;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return callGrouped("hvd_torch::grouped_allreduce", ts, name, op, pre, post, ps);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    return withEmptyArgs(
+        callGrouped("hvd_torch::grouped_allreduce", grads, "", ctx->saved_data["op"].toInt(),
+                    ctx->saved_data["pre"].toDouble(), ctx->saved_data["post"].toDouble(),
+                    ctx->saved_data["ps"].toInt()),
+        5);
+  }
+};
+
+class GroupedReducescatterFunction
+    : public torch::autograd::Function<GroupedReducescatterFunction> {
+ public:
+  static tensor_list forward(AutogradContext* ctx, at::TensorList ts, c10::string_view name,
+                             int64_t op, double pre, double post, int64_t ps) {
+    ctx->saved_data["scale"] = pre * post / (op == 0 ? currentEngine()->topology().size : 1);
+    ctx->saved_data["ps"] = ps;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return callGrouped("hvd_torch::grouped_reducescatter", ts, name, op, pre, post, ps);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    for (auto& g : grads) g = g.contiguous();
+    auto gathered = callGroupedAllgather(grads, ctx->saved_data["ps"].toInt());
+    for (auto& g : gathered) g = g.mul(ctx->saved_data["scale"].toDouble());
+    return withEmptyArgs(std::move(gathered), 5);
+  }
+};
+
+class GroupedAllgatherFunction : public torch::autograd::Function<GroupedAllgatherFunction> {
+ public:
+  static tensor_list forward(AutogradContext* ctx, at::TensorList ts, c10::string_view name,
+                             int64_t ps) {
+    std::vector<int64_t> rows;
+    for (const auto& t : ts) rows.push_back(t.dim() == 0 ? 1 : t.size(0));
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["ps"] = ps;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto handle =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("hvd_torch::grouped_allgather", "")
+            .typed<std::vector<at::Tensor>(at::TensorList, c10::string_view, int64_t)>();
+    return handle.call(ts, name, ps);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto rows = ctx->saved_data["rows"].toIntVector();
+    const int64_t ps = ctx->saved_data["ps"].toInt();
+    auto summed = callGrouped("hvd_torch::grouped_allreduce", grads, "", kSum, 1.0, 1.0, ps);
+    // Every rank's row count per member, to find where this rank's rows start.
+    at::Tensor mine = at::tensor(rows, at::kLong).view({1, static_cast<int64_t>(rows.size())});
+    at::Tensor all = callAllgather(mine, "", ps);
+    const int64_t rank = currentEngine()->topology().rank;
+    std::vector<at::Tensor> out;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int64_t offset = all.narrow(0, 0, rank).select(1, static_cast<int64_t>(i)).sum().item<int64_t>();
+      out.push_back(summed[i].narrow(0, offset, rows[i]));
+    }
+    return withEmptyArgs(std::move(out), 2);
+  }
+};
+
+std::vector<at::Tensor> groupedAllreduceAutograd(at::TensorList ts, c10::string_view name,
+                                                 int64_t op, double pre, double post, int64_t ps) {
+  return GroupedAllreduceFunction::apply(ts, name, op, pre, post, ps);
+}
+
+std::vector<at::Tensor> groupedReducescatterAutograd(at::TensorList ts, c10::string_view name,
+                                                     int64_t op, double pre, double post,
+                                                     int64_t ps) {
+  return GroupedReducescatterFunction::apply(ts, name, op, pre, post, ps);
+}
+
+std::vector<at::Tensor> groupedAllgatherAutograd(at::TensorList ts, c10::string_view name,
+                                                 int64_t ps) {
+  return GroupedAllgatherFunction::apply(ts, name, ps);
+}
+
 // alltoall: the gradient goes back the way the data came, i.e. an alltoall
 // of the gradient with the received splits (Horovod's rule).
 class AlltoallFunction : public torch::autograd::Function<AlltoallFunction> {
@@ -195,9 +307,14 @@ TORCH_LIBRARY_IMPL(hvd_torch, Autograd, m) {
   m.impl("broadcast", broadcastAutograd);
   m.impl("alltoall", alltoallAutograd);
   m.impl("reducescatter", reducescatterAutograd);
+  m.impl("grouped_allreduce", groupedAllreduceAutograd);
+  m.impl("grouped_allgather", groupedAllgatherAutograd);
+  m.impl("grouped_reducescatter", groupedReducescatterAutograd);
   for (const char* op : {"allreduce_", "allreduce_async", "allreduce_async_", "allgather_async",
                          "broadcast_", "broadcast_async", "broadcast_async_", "alltoall_async",
-                         "reducescatter_async"}) {
+                         "reducescatter_async", "grouped_allreduce_", "grouped_allreduce_async",
+                         "grouped_allreduce_async_", "grouped_allgather_async",
+                         "grouped_reducescatter_async"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

@@ -76,6 +76,66 @@ int64_t reducescatterAsync(const at::Tensor& t, c10::string_view name, int64_t o
   return submitReducescatter(t, std::string(name), op, pre, post, ps);
 }
 
+std::vector<at::Tensor> waitAll(const std::vector<int64_t>& handles) {
+  // Wait for every member even if one fails, so no handle is left behind;
+  // then raise the first error.
+  std::vector<at::Tensor> out;
+  std::exception_ptr first_error;
+  for (int64_t h : handles) {
+    try {
+      out.push_back(waitHandle(h));
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
+  return out;
+}
+
+std::vector<at::Tensor> groupedAllreduce(at::TensorList ts, c10::string_view name, int64_t op,
+                                         double pre, double post, int64_t ps) {
+  return waitAll(submitGroup(GroupedKind::kAllreduce, ts.vec(), std::string(name), op, pre, post,
+                             ps));
+}
+
+void groupedAllreduceInPlace(at::TensorList ts, c10::string_view name, int64_t op, double pre,
+                             double post, int64_t ps) {
+  waitAll(submitGroup(GroupedKind::kAllreduceInPlace, ts.vec(), std::string(name), op, pre, post,
+                      ps));
+}
+
+std::vector<int64_t> groupedAllreduceAsync(at::TensorList ts, c10::string_view name, int64_t op,
+                                           double pre, double post, int64_t ps) {
+  return submitGroup(GroupedKind::kAllreduce, ts.vec(), std::string(name), op, pre, post, ps);
+}
+
+std::vector<int64_t> groupedAllreduceAsyncInPlace(at::TensorList ts, c10::string_view name,
+                                                  int64_t op, double pre, double post,
+                                                  int64_t ps) {
+  return submitGroup(GroupedKind::kAllreduceInPlace, ts.vec(), std::string(name), op, pre, post,
+                     ps);
+}
+
+std::vector<at::Tensor> groupedAllgather(at::TensorList ts, c10::string_view name, int64_t ps) {
+  return waitAll(submitGroup(GroupedKind::kAllgather, ts.vec(), std::string(name), 0, 1.0, 1.0,
+                             ps));
+}
+
+std::vector<int64_t> groupedAllgatherAsync(at::TensorList ts, c10::string_view name, int64_t ps) {
+  return submitGroup(GroupedKind::kAllgather, ts.vec(), std::string(name), 0, 1.0, 1.0, ps);
+}
+
+std::vector<at::Tensor> groupedReducescatter(at::TensorList ts, c10::string_view name,
+                                             int64_t op, double pre, double post, int64_t ps) {
+  return waitAll(submitGroup(GroupedKind::kReducescatter, ts.vec(), std::string(name), op, pre,
+                             post, ps));
+}
+
+std::vector<int64_t> groupedReducescatterAsync(at::TensorList ts, c10::string_view name,
+                                               int64_t op, double pre, double post, int64_t ps) {
+  return submitGroup(GroupedKind::kReducescatter, ts.vec(), std::string(name), op, pre, post, ps);
+}
+
 at::Tensor barrier(int64_t ps) { return waitHandle(submitBarrier(ps)); }
 
 bool poll(int64_t handle) { return pollHandle(handle); }
@@ -98,6 +158,14 @@ TORCH_LIBRARY_IMPL(hvd_torch, CPU, m) {
   m.impl("alltoall", alltoall);
   m.impl("reducescatter", reducescatter);
   m.impl("reducescatter_async", reducescatterAsync);
+  m.impl("grouped_allreduce", groupedAllreduce);
+  m.impl("grouped_allreduce_", groupedAllreduceInPlace);
+  m.impl("grouped_allreduce_async", groupedAllreduceAsync);
+  m.impl("grouped_allreduce_async_", groupedAllreduceAsyncInPlace);
+  m.impl("grouped_allgather", groupedAllgather);
+  m.impl("grouped_allgather_async", groupedAllgatherAsync);
+  m.impl("grouped_reducescatter", groupedReducescatter);
+  m.impl("grouped_reducescatter_async", groupedReducescatterAsync);
   m.impl("alltoall_async", alltoallAsync);
 }
 

@@ -38,6 +38,23 @@ TORCH_LIBRARY(hvd_torch, m) {
       "float postscale_factor=1.0, int process_set_id=0) -> Tensor");
   def("reducescatter_async(Tensor tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
       "float postscale_factor=1.0, int process_set_id=0) -> int");
+  // Grouped forms: the members are negotiated and run as one unit (all or
+  // none); member i is named "<name>.<i>".
+  def("grouped_allreduce(Tensor[] tensors, str name=\"\", int op=0, float prescale_factor=1.0, "
+      "float postscale_factor=1.0, int process_set_id=0) -> Tensor[]");
+  defMutating("grouped_allreduce_(Tensor(a!)[] tensors, str name=\"\", int op=0, "
+              "float prescale_factor=1.0, float postscale_factor=1.0, int process_set_id=0) -> ()");
+  def("grouped_allreduce_async(Tensor[] tensors, str name=\"\", int op=0, "
+      "float prescale_factor=1.0, float postscale_factor=1.0, int process_set_id=0) -> int[]");
+  defMutating("grouped_allreduce_async_(Tensor(a!)[] tensors, str name=\"\", int op=0, "
+              "float prescale_factor=1.0, float postscale_factor=1.0, int process_set_id=0) "
+              "-> int[]");
+  def("grouped_allgather(Tensor[] tensors, str name=\"\", int process_set_id=0) -> Tensor[]");
+  def("grouped_allgather_async(Tensor[] tensors, str name=\"\", int process_set_id=0) -> int[]");
+  def("grouped_reducescatter(Tensor[] tensors, str name=\"\", int op=0, "
+      "float prescale_factor=1.0, float postscale_factor=1.0, int process_set_id=0) -> Tensor[]");
+  def("grouped_reducescatter_async(Tensor[] tensors, str name=\"\", int op=0, "
+      "float prescale_factor=1.0, float postscale_factor=1.0, int process_set_id=0) -> int[]");
   // Returns the received tensor and the rows received from each rank (int32).
   // splits: rows to send to each rank; None splits the first dimension evenly.
   def("alltoall(Tensor tensor, Tensor? splits=None, str name=\"\", int process_set_id=0) -> "

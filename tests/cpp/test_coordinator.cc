@@ -520,4 +520,42 @@ TEST(waiting_lists_missing_ranks) {
   if (CHECK_EQ(w.size(), 1u)) CHECK_EQ(w[0].name, "y");
 }
 
+TEST(group_is_held_until_every_member_is_ready_then_emitted_together) {
+  Coordinator c(2, kBigFusion, 16);
+  auto member = [](const std::string& name, DataType dtype) {
+    Request q = req(name);
+    q.dtype = dtype;
+    q.group = "g0";
+    q.group_size = 2;
+    return q;
+  };
+  for (int r = 0; r < 2; ++r) CHECK_EQ(c.add(arrive(r, member("a", DataType::kFloat32))), "");
+  CHECK(c.takeReady().empty());  // "a" is ready, but "b" is not yet
+  for (int r = 0; r < 2; ++r) CHECK_EQ(c.add(arrive(r, member("b", DataType::kFloat32))), "");
+  auto out = c.takeReady();
+  CHECK_EQ(out.size(), 1u);  // both members, fused into one response
+  if (!out.empty()) CHECK_EQ(out[0].names, (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(group_fails_as_a_unit_when_one_member_is_invalid) {
+  Coordinator c(2, kBigFusion, 16);
+  for (int r = 0; r < 2; ++r) {
+    Request a = req("a");
+    a.group = "g1";
+    a.group_size = 2;
+    Request b = req("b", {r == 0 ? int64_t{4} : int64_t{5}});  // shapes disagree
+    b.group = "g1";
+    b.group_size = 2;
+    CHECK_EQ(c.add(arrive(r, a)), "");
+    CHECK_EQ(c.add(arrive(r, b)), "");
+  }
+  auto out = c.takeReady();
+  CHECK_EQ(out.size(), 2u);
+  for (const auto& resp : out) {
+    CHECK_EQ(resp.kind, Response::kError);
+    CHECK(resp.error.find("group 'g1' failed") != std::string::npos);
+    CHECK(resp.error.find("mismatched shapes") != std::string::npos);
+  }
+}
+
 int main() { return check::runAll(); }

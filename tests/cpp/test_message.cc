@@ -323,7 +323,9 @@ TEST(corrupt_count_throws_wire_error_not_a_huge_allocation) {
     q.encode(w);
     std::string bytes = w.buffer();
     uint32_t huge = 0xffffffffu;
-    std::memcpy(&bytes[bytes.size() - 4], &huge, 4);  // the shape's dim count
+    // The shape's dim count, followed by an empty splits list (4 bytes), an
+    // empty group name (4) and the group size (4).
+    std::memcpy(&bytes[bytes.size() - 16], &huge, 4);
     return classify([&] { decodeRequest(bytes); });
   });
   if (!CHECK_EQ(shape, 0)) std::printf("  (Request shape count: 1 = no error, 2 = bad_alloc)\n");

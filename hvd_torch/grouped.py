@@ -1,0 +1,121 @@
+"""Grouped collectives with Horovod's names: the members are negotiated and run as one unit.
+
+A group either runs completely or fails completely (one member's mismatch fails
+all of them, on every rank). Member i of a group named N is named "N.<i>".
+Async forms return one handle for the group; synchronize() returns the list of
+outputs, poll() is true once every member is done.
+"""
+
+import itertools
+
+import torch
+
+from hvd_torch.basics import Average
+from hvd_torch.compression import Compression
+from hvd_torch.ops import _ps, _resolve_op, _translate_errors, global_process_set
+
+_ops = torch.ops.hvd_torch
+
+# Group handles are negative, so they never collide with the engine's handles.
+_next_group_handle = itertools.count(-1, -1)
+_groups = {}
+
+
+def _group_handle(members):
+    handle = next(_next_group_handle)
+    _groups[handle] = members
+    return handle
+
+
+def is_group_handle(handle):
+    return handle in _groups
+
+
+def poll_group(handle):
+    return all(_ops.poll(h) for h in _groups[handle])
+
+
+def synchronize_group(handle):
+    members = _groups.pop(handle)
+    outputs, first_error = [], None
+    for h in members:  # wait for all, then raise the first error
+        try:
+            outputs.append(_ops.synchronize(h))
+        except RuntimeError as e:
+            first_error = first_error or e
+    if first_error is not None:
+        raise first_error
+    return outputs
+
+
+def _args(average, op, prescale_factor, postscale_factor, process_set):
+    return (_resolve_op(average, op), float(prescale_factor), float(postscale_factor),
+            _ps(process_set))
+
+
+@_translate_errors
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Allreduces every tensor in `tensors` as one unit; returns the list of results."""
+    compressed = [compression.compress(t) for t in tensors]
+    outs = _ops.grouped_allreduce([c for c, _ in compressed], name or "",
+                                  *_args(average, op, prescale_factor, postscale_factor,
+                                         process_set))
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
+
+
+@_translate_errors
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    """In-place grouped allreduce; returns `tensors`."""
+    _ops.grouped_allreduce_(list(tensors), name or "",
+                            *_args(average, op, prescale_factor, postscale_factor, process_set))
+    return tensors
+
+
+@_translate_errors
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    return _group_handle(_ops.grouped_allreduce_async(
+        list(tensors), name or "", *_args(average, op, prescale_factor, postscale_factor,
+                                          process_set)))
+
+
+@_translate_errors
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    return _group_handle(_ops.grouped_allreduce_async_(
+        list(tensors), name or "", *_args(average, op, prescale_factor, postscale_factor,
+                                          process_set)))
+
+
+@_translate_errors
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgathers every tensor in `tensors` as one unit; returns the list of results."""
+    return _ops.grouped_allgather(list(tensors), name or "", _ps(process_set))
+
+
+@_translate_errors
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    return _group_handle(_ops.grouped_allgather_async(list(tensors), name or "",
+                                                      _ps(process_set)))
+
+
+@_translate_errors
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """Reducescatters every tensor in `tensors` as one unit; returns the list of results."""
+    compressed = [compression.compress(t) for t in tensors]
+    outs = _ops.grouped_reducescatter([c for c, _ in compressed], name or "", op,
+                                      float(prescale_factor), float(postscale_factor),
+                                      _ps(process_set))
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
+
+
+@_translate_errors
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    return _group_handle(_ops.grouped_reducescatter_async(
+        list(tensors), name or "", op, float(prescale_factor), float(postscale_factor),
+        _ps(process_set)))
