@@ -11,7 +11,7 @@ PYTEST_TIMEOUT ?= 900
 # (`hvdrun -np 2 python ...`) and ranks start the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test bench clean distclean
+.PHONY: setup demo test bench synthetic clean distclean
 
 setup:
 	bash scripts/setup.sh
@@ -24,6 +24,9 @@ test: setup
 
 bench: setup
 	python bench/allreduce_bench.py -np $(NP)
+
+synthetic: setup
+	hvdrun -np $(NP) python examples/synthetic_benchmark.py
 
 # Build outputs only: the venv (a torch download) survives; see distclean.
 clean:

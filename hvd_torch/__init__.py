@@ -11,10 +11,23 @@ from hvd_torch.basics import (  # noqa: F401
 )
 from hvd_torch.compression import Compression  # noqa: F401
 from hvd_torch.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from hvd_torch.functions import (  # noqa: F401
+    allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
+)
+from hvd_torch.helpers import (  # noqa: F401
+    LRWarmup, distributed_sampler, metric_average, scale_lr, warmup_scheduler,
+)
+from hvd_torch.grouped import (  # noqa: F401
+    grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
+    grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
+    grouped_reducescatter_async,
+)
 from hvd_torch.ops import (  # noqa: F401
     ProcessSet, allgather, allgather_async, allreduce, allreduce_, allreduce_async,
-    allreduce_async_, barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
-    global_process_set, poll, synchronize,
+    allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
+    broadcast_async_, global_process_set, poll, reducescatter, reducescatter_async, synchronize,
 )
+from hvd_torch.optimizer import DistributedOptimizer  # noqa: F401
+from hvd_torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
 
 __version__ = "0.1.0"

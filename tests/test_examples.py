@@ -1,0 +1,121 @@
+"""The training examples, run for real on 2 ranks under the launcher, at small sizes.
+
+examples/digits_train.py: trains, checkpoints, resumes from the checkpoint
+exactly (same weights as an uninterrupted run) and ignores it with --no-resume;
+examples/digits_train_scripted.py: the same with a TorchScript model;
+examples/synthetic_benchmark.py: reports local, hvd and ddp throughput.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+# Per run; each takes 5-20 s on 2 busy cores, most of it starting the ranks.
+RUN_TIMEOUT = 90
+IDENTICAL = re.compile(r"all 2 ranks hold identical weights \(sha256 prefix ([0-9a-f]{16})\)")
+
+
+def _run_example(script, *args, timeout=RUN_TIMEOUT):
+    """`hvdrun -np 2 python examples/<script> args...`; returns (exit code, output).
+
+    On a timeout the launcher gets SIGTERM, which it forwards to its ranks (each
+    in its own session), and SIGKILL if it is still there 10 s later.
+    """
+    cmd = [sys.executable, "-m", "hvd_torch.runner", "-np", "2",
+           sys.executable, str(EXAMPLES / script), *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        raise AssertionError(f"{script} {' '.join(args)}: no exit within {timeout}s\n{out}")
+    return proc.returncode, out
+
+
+def _stdout(out, rank=0):
+    """Lines the launcher tagged as `rank`'s stdout, without the tag."""
+    tag = f"[{rank}]<stdout>:"
+    return [line[len(tag):] for line in out.splitlines() if line.startswith(tag)]
+
+
+def _digits(script, checkpoint, *args):
+    code, out = _run_example(script, "--checkpoint", str(checkpoint), *args)
+    assert code == 0, out
+    lines = _stdout(out)
+    match = IDENTICAL.search("\n".join(lines))
+    assert match, out
+    return lines, match.group(1), out
+
+
+def _epochs(lines):
+    """{epoch: accuracy %} from rank 0's 'epoch  e/N  loss ...  val accuracy  a%' lines."""
+    found = {}
+    for line in lines:
+        m = re.match(r"epoch\s+(\d+)/\d+\s+loss [\d.]+\s+val accuracy\s+([\d.]+)%", line)
+        if m:
+            found[int(m.group(1))] = float(m.group(2))
+    return found
+
+
+def test_digits_train_checkpoint_resume(tmp_path):
+    ckpt = tmp_path / "digits.pt"
+    lines, _, out = _digits("digits_train.py", ckpt, "--epochs", "2")
+    epochs = _epochs(lines)
+    assert sorted(epochs) == [1, 2], out
+    assert all(0 <= a <= 100 for a in epochs.values()), out
+    assert not any("resuming" in line for line in lines), out
+    assert ckpt.exists()
+
+    # Resumed: only epoch 3 runs, from rank 0's checkpoint of epoch 2.
+    lines, resumed, out = _digits("digits_train.py", ckpt, "--epochs", "3", "--resume")
+    assert f"resuming from epoch 2 (checkpoint {ckpt})" in lines, out
+    assert sorted(_epochs(lines)) == [3], out
+    # Chance is 10%: three epochs of training leave it well behind.
+    assert _epochs(lines)[3] > 50, out
+
+    # --no-resume ignores the (now 3-epoch) checkpoint and trains from scratch.
+    # Weights, optimizer momentum and the warm-up's position all came back from
+    # the checkpoint, so the resumed run ends bit for bit where this one does.
+    lines, fresh, out = _digits("digits_train.py", ckpt, "--epochs", "3", "--no-resume")
+    assert sorted(_epochs(lines)) == [1, 2, 3], out
+    assert not any("resuming" in line for line in lines), out
+    assert fresh == resumed
+
+
+def test_digits_train_scripted(tmp_path):
+    lines, _, out = _digits("digits_train_scripted.py", tmp_path / "scripted.pt",
+                            "--epochs", "2")
+    assert "RecursiveScriptModule" in lines[0], out
+    assert sorted(_epochs(lines)) == [1, 2], out
+
+
+def test_synthetic_benchmark(tmp_path):
+    results = tmp_path / "synthetic.json"
+    code, out = _run_example(
+        "synthetic_benchmark.py", "--num-iters", "1", "--num-batches-per-iter", "1",
+        "--num-warmup-batches", "1", "--batch-size", "8", "--json", str(results))
+    assert code == 0, out
+    text = "\n".join(_stdout(out))
+    for section in ("local (no communication):", "hvd-torch:", "DDP (gloo):"):
+        assert section in text, out
+    assert len(re.findall(r"Total img/sec on 2 rank\(s\): [\d.]+ \+-[\d.]+", text)) == 3, out
+    assert len(re.findall(r"Scaling efficiency: [\d.]+%", text)) == 2, out
+    assert re.search(r"Ratio hvd/ddp \(total img/sec\): [\d.]+", text), out
+    assert "Weights identical on all ranks: hvd True, ddp True" in text, out
+    report = json.loads(results.read_text())
+    assert report["np"] == 2
+    assert set(report["results"]) == {"local", "hvd", "ddp"}
+    assert report["ratio_hvd_ddp"] > 0
