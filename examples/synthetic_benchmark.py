@@ -63,7 +63,13 @@ def parse_args(argv=None):
     p.add_argument("--mode", choices=("hvd", "ddp", "both"), default="both")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="default bench/results/synthetic_<np>.json")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag in ("batch_size", "num_batches_per_iter", "num_iters"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.num_warmup_batches < 0:
+        p.error("--num-warmup-batches must be at least 0")
+    return args
 
 
 class BasicBlock(nn.Module):

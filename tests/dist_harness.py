@@ -40,7 +40,7 @@ import tempfile
 import time
 import traceback
 
-__all__ = ["RankFailure", "rank_env", "run_ranks"]
+__all__ = ["RankFailure", "launch_once", "rank_env", "run_ranks"]
 
 # After one rank fails (and expect_fail is off) the others get this long to
 # finish before being killed: they are usually stuck waiting for the dead rank.
@@ -302,3 +302,23 @@ def _child_main(job: str, result_path: str) -> int:
 
 if __name__ == "__main__":
     sys.exit(_child_main(sys.argv[1], sys.argv[2]))
+
+
+_LAUNCHES = {}
+
+
+def launch_once(fn, nranks, **kwargs):
+    """run_ranks(fn, nranks, **kwargs) once per (fn, nranks) in this test process.
+
+    A test module checks many things inside one launch per rank count and
+    shares its results between its tests; a failed launch fails each of them.
+    """
+    key = (fn.__module__, fn.__qualname__, nranks)
+    if key not in _LAUNCHES:
+        try:
+            _LAUNCHES[key] = run_ranks(fn, nranks, **kwargs)
+        except (AssertionError, TimeoutError) as e:
+            _LAUNCHES[key] = e
+    if isinstance(_LAUNCHES[key], Exception):
+        raise _LAUNCHES[key]
+    return _LAUNCHES[key]

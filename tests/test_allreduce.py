@@ -15,9 +15,9 @@ import pytest
 import torch
 
 try:
-    from dist_harness import run_ranks
+    from dist_harness import launch_once
 except ImportError:  # tests/ imported as a package
-    from tests.dist_harness import run_ranks
+    from tests.dist_harness import launch_once
 
 AVERAGE, SUM, MIN, MAX, PRODUCT = 0, 1, 3, 4, 5
 OPS = {"Average": AVERAGE, "Sum": SUM, "Min": MIN, "Max": MAX, "Product": PRODUCT}
@@ -310,23 +310,12 @@ def _rank_main():
     return out
 
 
-_LAUNCHES = {}
-
-
 def _launch(nranks):
-    """One run_ranks launch per rank count, shared by every test below."""
-    if nranks not in _LAUNCHES:
-        try:
-            # A 16 KiB inline budget, so SMALL goes through the coordinator and
-            # LARGE through Gloo on every rank count.
-            _LAUNCHES[nranks] = run_ranks(
-                _rank_main, nranks, timeout=TIMEOUT, env={"HVD_TORCH_INLINE_THRESHOLD": "16384"}
-            )
-        except (AssertionError, TimeoutError) as e:
-            _LAUNCHES[nranks] = e
-    if isinstance(_LAUNCHES[nranks], Exception):
-        raise _LAUNCHES[nranks]
-    return _LAUNCHES[nranks]
+    """One launch per rank count, shared by every test below."""
+    # A 16 KiB inline budget, so SMALL goes through the coordinator and LARGE
+    # through Gloo on every rank count.
+    env = {"HVD_TORCH_INLINE_THRESHOLD": "16384"}
+    return launch_once(_rank_main, nranks, timeout=TIMEOUT, env=env)
 
 
 # ---------------------------------------------------------------- tests

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 try:
-    from dist_harness import run_ranks
+    from dist_harness import launch_once
 except ImportError:  # tests/ imported as a package
-    from tests.dist_harness import run_ranks
+    from tests.dist_harness import launch_once
 
 DTYPES = [
     torch.float16,
@@ -145,19 +145,9 @@ def _rank_main():
     return out
 
 
-_LAUNCHES = {}
-
-
 def _launch(nranks):
-    """One run_ranks launch per rank count, shared by every test below."""
-    if nranks not in _LAUNCHES:
-        try:
-            _LAUNCHES[nranks] = run_ranks(_rank_main, nranks, timeout=TIMEOUT)
-        except (AssertionError, TimeoutError) as e:
-            _LAUNCHES[nranks] = e
-    if isinstance(_LAUNCHES[nranks], Exception):
-        raise _LAUNCHES[nranks]
-    return _LAUNCHES[nranks]
+    """One launch per rank count, shared by every test below."""
+    return launch_once(_rank_main, nranks, timeout=TIMEOUT)
 
 
 # ---------------------------------------------------------------- tests

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dist_harness import run_ranks  # noqa: E402
+from dist_harness import launch_once  # noqa: E402
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64]
@@ -49,13 +49,9 @@ def _rank_main():
     return res
 
 
-_LAUNCHES = {}
-
-
 def _launch(nranks):
-    if nranks not in _LAUNCHES:
-        _LAUNCHES[nranks] = run_ranks(_rank_main, nranks, timeout=180)
-    return _LAUNCHES[nranks]
+    """One launch per rank count, shared by every test below."""
+    return launch_once(_rank_main, nranks, timeout=180)
 
 
 def _slice(rows, size, rank):
