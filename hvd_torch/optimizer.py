@@ -19,7 +19,7 @@ import weakref
 import torch
 
 from hvd_torch.basics import Adasum, Average, Max, Min, Product, Sum, size
-from hvd_torch.compression import Compression
+from hvd_torch.compression import Compression, _CastCompressor
 from hvd_torch.ops import allreduce_async_, global_process_set, synchronize
 
 _PENDING_MESSAGE = (
@@ -58,6 +58,8 @@ class _DistributedOptimizer:
     def _hvd_init(self, named_parameters, compression, backward_passes_per_step, op,
                   gradient_predivide_factor, groups, sparse_as_dense, process_set):
         self._compression = compression
+        # Our cast compressors decompress by a widening copy_ (see _finish).
+        self._casts = isinstance(compression, type) and issubclass(compression, _CastCompressor)
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = float(gradient_predivide_factor)
@@ -162,6 +164,12 @@ class _DistributedOptimizer:
         synchronize(work.handle)
         if work.buffer is work.target:
             return  # reduced in place, nothing to copy
+        if not work.sparse and self._casts and work.ctx == work.target.dtype:
+            # A cast compressor: copy_ widens while it copies, so the full-width
+            # temporary that decompress() would allocate (page faults dominate
+            # for large tensors) is never made.
+            work.target.copy_(work.buffer)
+            return
         result = self._compression.decompress(work.buffer, work.ctx)
         if work.sparse:
             # Back to the layout the optimizer expects (as Horovod does).
