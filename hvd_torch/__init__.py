@@ -25,7 +25,7 @@ from hvd_torch.grouped import (  # noqa: F401
 from hvd_torch.ops import (  # noqa: F401
     ProcessSet, allgather, allgather_async, allreduce, allreduce_, allreduce_async,
     allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
-    broadcast_async_, global_process_set, poll, reducescatter, reducescatter_async, synchronize,
+    broadcast_async_, global_process_set, join, poll, reducescatter, reducescatter_async, synchronize,
 )
 from hvd_torch.optimizer import DistributedOptimizer  # noqa: F401
 from hvd_torch.sync_batch_norm import SyncBatchNorm  # noqa: F401

@@ -241,6 +241,18 @@ def barrier(process_set=global_process_set):
 
 
 @_translate_errors
+def join(device=-1):
+    """This rank has no more data; returns the last rank to join once all have.
+
+    Until every rank has joined, this rank takes part in the others'
+    allreduces and reducescatters with zeros, and Average divides by the ranks
+    that have not joined (as in Horovod), so uneven numbers of batches per rank
+    finish instead of hanging. Other ops fail while ranks are joined.
+    """
+    return int(_ops.join(device))
+
+
+@_translate_errors
 def poll(handle):
     """True once the async operation behind `handle` has finished."""
     from hvd_torch import grouped

@@ -8,7 +8,56 @@
 namespace hvd {
 
 Coordinator::Coordinator(int size, size_t fusion_threshold, size_t cache_capacity)
-    : size_(size), fusion_threshold_(fusion_threshold), cache_(cache_capacity) {}
+    : size_(size), fusion_threshold_(fusion_threshold), joined_(size, false),
+      cache_(cache_capacity) {}
+
+bool Coordinator::readyToRun(const Pending& p) const {
+  for (int r = 0; r < size_; ++r)
+    if (!p.arrived[r] && !joined_[r]) return false;
+  return true;
+}
+
+void Coordinator::markReady(const std::string& name, const Pending& p) {
+  int first = 0;
+  while (!p.arrived[first]) ++first;  // some rank has arrived: add() was called
+  const Request& q = p.by_rank[first].request;
+  if (q.group.empty()) {
+    ready_.push_back(name);
+    return;
+  }
+  // A group becomes ready as a unit, so its members run (and fuse) together.
+  auto& members = groups_[q.group];
+  members.push_back(name);
+  if (static_cast<int32_t>(members.size()) >= q.group_size) {
+    ready_.insert(ready_.end(), members.begin(), members.end());
+    groups_.erase(q.group);
+  }
+}
+
+void Coordinator::join(int rank) {
+  if (!joined_[rank]) {
+    joined_[rank] = true;
+    ++joined_count_;
+  }
+  // Ops that waited only for this rank can run now.
+  for (auto& [name, p] : table_) {
+    if (!p.ready && readyToRun(p)) {
+      p.ready = true;
+      markReady(name, p);
+    }
+  }
+  if (joined_count_ == size_) {
+    Response r;
+    r.kind = Response::kDone;
+    r.type = OpType::kJoin;
+    r.names = {"join"};
+    r.cache_ids = {-1};
+    r.first_dims = {{rank}};
+    joins_done_.push_back(r);
+    joined_.assign(size_, false);
+    joined_count_ = 0;
+  }
+}
 
 std::string Coordinator::add(Arrival arrival) {
   if (arrival.cache_id >= 0) {
@@ -31,20 +80,11 @@ std::string Coordinator::add(Arrival arrival) {
            std::to_string(arrival.rank);
   }
   p.arrived[arrival.rank] = true;
-  const std::string group = arrival.request.group;
-  const int32_t group_size = arrival.request.group_size;
   p.by_rank[arrival.rank] = std::move(arrival);
-  if (++p.count < size_) return "";
-  if (group.empty()) {
-    ready_.push_back(name);
-    return "";
-  }
-  // A group becomes ready as a unit, so its members run (and fuse) together.
-  auto& members = groups_[group];
-  members.push_back(name);
-  if (static_cast<int32_t>(members.size()) >= group_size) {
-    ready_.insert(ready_.end(), members.begin(), members.end());
-    groups_.erase(group);
+  ++p.count;
+  if (!p.ready && readyToRun(p)) {
+    p.ready = true;
+    markReady(name, p);
   }
   return "";
 }
@@ -72,7 +112,11 @@ std::vector<Response> Coordinator::takeReady() {
     op.response.inline_result.clear();
     op.response.cache_ids = {-1};
   }
-  return planFusion(std::move(ops), fusion_threshold_);
+  std::vector<Response> out = planFusion(std::move(ops), fusion_threshold_);
+  // "Everyone joined" goes last: after every op that the last join released.
+  out.insert(out.end(), joins_done_.begin(), joins_done_.end());
+  joins_done_.clear();
+  return out;
 }
 
 ReadyOp Coordinator::negotiate(const std::string& name, Pending& p) {
@@ -80,24 +124,42 @@ ReadyOp Coordinator::negotiate(const std::string& name, Pending& p) {
   Response& r = op.response;
   r.names = {name};
   std::vector<Request> reqs;
-  reqs.reserve(size_);
-  bool all_same_slot = true;
-  for (const auto& a : p.by_rank) {
-    reqs.push_back(a.request);
-    all_same_slot = all_same_slot && a.cache_id >= 0 && a.cache_id == p.by_rank[0].cache_id;
+  std::vector<int> ranks;  // who submitted (all but the joined ranks)
+  std::vector<Arrival> arrivals;
+  for (int rank = 0; rank < size_; ++rank) {
+    if (!p.arrived[rank]) continue;
+    reqs.push_back(p.by_rank[rank].request);
+    ranks.push_back(rank);
+    arrivals.push_back(std::move(p.by_rank[rank]));
   }
+  const bool partial = static_cast<int>(reqs.size()) < size_;
+  bool all_same_slot = !partial;
+  for (const auto& a : arrivals)
+    all_same_slot = all_same_slot && a.cache_id >= 0 && a.cache_id == arrivals[0].cache_id;
   op.request = reqs[0];
   r.type = reqs[0].type;
 
   // A slot every rank named was validated when it was created: skip the checks.
-  std::string error = all_same_slot ? "" : validate(reqs);
+  std::string error = all_same_slot ? "" : validate(reqs, ranks);
+  if (error.empty() && partial && r.type != OpType::kAllreduce &&
+      r.type != OpType::kReducescatter) {
+    error = std::string(opTypeName(r.type)) + " '" + name +
+            "' cannot run while some ranks have joined (only allreduce and reducescatter can)";
+  }
   if (!error.empty()) {
     r.kind = Response::kError;
     r.error = error;
     r.cache_ids = {-1};
     return op;
   }
-  r.cache_ids = {all_same_slot ? p.by_rank[0].cache_id : cache_.insert(reqs)};
+  if (partial) {
+    // Joined ranks take part with zeros: they need the op's shape and dtype.
+    r.contributors = static_cast<int32_t>(reqs.size());
+    r.templates = {reqs[0]};
+    r.cache_ids = {-1};
+  } else {
+    r.cache_ids = {all_same_slot ? arrivals[0].cache_id : cache_.insert(reqs)};
+  }
 
   if (r.type == OpType::kAllgather) {
     std::vector<int64_t> dims;
@@ -109,13 +171,13 @@ ReadyOp Coordinator::negotiate(const std::string& name, Pending& p) {
     r.first_dims = {matrix};
   }
   bool all_inline = r.type == OpType::kAllreduce || r.type == OpType::kReducescatter;
-  for (const auto& a : p.by_rank) all_inline = all_inline && a.has_inline;
+  for (const auto& a : arrivals) all_inline = all_inline && a.has_inline;
   if (r.type == OpType::kBarrier) {
     r.kind = Response::kDone;
   } else if (all_inline) {
     // Small allreduces finish here: one round trip to the coordinator
     // instead of a negotiation plus a collective.
-    r.inline_result = reduceInline(reqs, p.by_rank);
+    r.inline_result = reduceInline(reqs, arrivals);
     r.kind = Response::kInline;
   }
   return op;
@@ -124,23 +186,25 @@ ReadyOp Coordinator::negotiate(const std::string& name, Pending& p) {
 namespace {
 
 template <typename Fn>
-std::string describe(const std::vector<Request>& reqs, Fn value) {
+std::string describe(const std::vector<Request>& reqs, const std::vector<int>& ranks, Fn value) {
   std::ostringstream os;
-  for (size_t i = 0; i < reqs.size(); ++i) os << (i ? ", " : "") << "rank " << i << " " << value(reqs[i]);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    os << (i ? ", " : "") << "rank " << ranks[i] << " " << value(reqs[i]);
   return os.str();
 }
 
 }  // namespace
 
-std::string Coordinator::validate(const std::vector<Request>& reqs) const {
+std::string Coordinator::validate(const std::vector<Request>& reqs,
+                                  const std::vector<int>& ranks) const {
   const Request& a = reqs[0];
   const std::string what = std::string(opTypeName(a.type)) + " '" + a.name + "'";
   auto mismatch = [&](const char* field, auto value) {
-    return what + ": mismatched " + field + " across ranks: " + describe(reqs, value);
+    return what + ": mismatched " + field + " across ranks: " + describe(reqs, ranks, value);
   };
   for (const auto& q : reqs) {
     if (q.type != a.type) return "mismatched operations for tensor '" + a.name + "': " +
-                                 describe(reqs, [](const Request& x) { return opTypeName(x.type); });
+                                 describe(reqs, ranks, [](const Request& x) { return opTypeName(x.type); });
   }
   for (const auto& q : reqs) {
     if (q.dtype != a.dtype) return mismatch("dtypes", [](const Request& x) { return dataTypeName(x.dtype); });
@@ -205,13 +269,15 @@ std::string Coordinator::reduceInline(const std::vector<Request>& reqs,
   ReduceFn fn = reduceFunction(q.dtype, q.reduce_op);
   scaleBuffer(&acc[0], n, q.dtype, q.prescale);
   std::string tmp;
-  for (int r = 1; r < size_; ++r) {
+  for (size_t r = 1; r < arrivals.size(); ++r) {
     tmp = std::move(arrivals[r].inline_data);
     tmp.resize(bytes);
     scaleBuffer(&tmp[0], n, q.dtype, q.prescale);
     fn(&acc[0], acc.data(), tmp.data(), n);
   }
-  if (q.reduce_op == ReduceOp::kAverage) divideBuffer(&acc[0], n, q.dtype, size_);
+  // Joined ranks contribute nothing, and Average divides by those who did.
+  if (q.reduce_op == ReduceOp::kAverage)
+    divideBuffer(&acc[0], n, q.dtype, static_cast<int>(arrivals.size()));
   scaleBuffer(&acc[0], n, q.dtype, q.postscale);
   return acc;
 }
@@ -222,7 +288,7 @@ std::vector<Coordinator::Waiting> Coordinator::waiting() const {
   for (const auto& [name, p] : table_) {
     Waiting w{name, {}, now - p.first_arrival};
     for (int r = 0; r < size_; ++r)
-      if (!p.arrived[r]) w.missing_ranks.push_back(r);
+      if (!p.arrived[r] && !joined_[r]) w.missing_ranks.push_back(r);
     out.push_back(std::move(w));
   }
   return out;

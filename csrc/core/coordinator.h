@@ -50,25 +50,38 @@ class Coordinator {
 
   size_t cacheSize() const { return cache_.size(); }
 
+  // join(): `rank` has no more work. Until every rank has joined, ops that
+  // all other ranks submitted run without it (allreduce and reducescatter,
+  // with zeros from joined ranks). When the last rank joins, a kDone
+  // response for the name "join" carries that rank in first_dims.
+  void join(int rank);
+
  private:
   struct Pending {
     std::vector<Arrival> by_rank;
     std::vector<bool> arrived;
     int count = 0;
+    bool ready = false;
     std::chrono::steady_clock::time_point first_arrival;
   };
 
   ReadyOp negotiate(const std::string& name, Pending& pending);
-  std::string validate(const std::vector<Request>& reqs) const;
+  std::string validate(const std::vector<Request>& reqs, const std::vector<int>& ranks) const;
   std::string reduceInline(const std::vector<Request>& reqs, std::vector<Arrival>& arrivals) const;
+
+  bool readyToRun(const Pending& p) const;
+  void markReady(const std::string& name, const Pending& p);
 
   int size_;
   size_t fusion_threshold_;
+  std::vector<bool> joined_;
+  int joined_count_ = 0;
   CoordinatorCache cache_;
   std::unordered_map<std::string, Pending> table_;
   std::vector<std::string> ready_;  // names in the order they completed
   // Grouped names every rank submitted, held until the whole group has.
   std::unordered_map<std::string, std::vector<std::string>> groups_;
+  std::vector<Response> joins_done_;  // "every rank has joined", to emit last
 };
 
 }  // namespace hvd

@@ -314,7 +314,9 @@ void Engine::takeSubmissions() {
     }
     Arrival a;
     a.rank = topology_.rank;
-    a.cache_id = config_.cache_capacity > 0 ? rank_cache_.lookup(RankCache::key(e.request)) : -1;
+    const bool cacheable = config_.cache_capacity > 0 && e.request.type != OpType::kJoin;
+    a.cache_id = cacheable ? rank_cache_.lookup(RankCache::key(e.request)) : -1;
+    if (e.request.type == OpType::kJoin) joined_ = true;
     a.request = e.request;
     // Inline data flows through rank 0, which receives and sends (size - 1)
     // copies: worth it while that traffic stays below the threshold.
@@ -329,22 +331,29 @@ void Engine::takeSubmissions() {
     pending_.emplace(name, std::move(e));
   }
   if (coordinator_) {
-    for (auto& a : arrivals) {
-      std::string name = a.request.name;
-      std::string error = coordinator_->add(std::move(a));
-      if (!error.empty()) {
-        Response r;
-        r.kind = Response::kError;
-        r.names = {name};
-        r.cache_ids = {-1};
-        r.error = error;
-        run(r);
-      }
-    }
+    for (auto& a : arrivals) arrive(std::move(a));
     dispatch(coordinator_->takeReady());
   } else if (!arrivals.empty()) {
     to_coordinator_->send(encodeArrivals(arrivals));
   }
+}
+
+void Engine::arrive(Arrival a) {
+  if (a.cache_id < 0 && a.request.type == OpType::kJoin) {
+    coordinator_->join(a.rank);
+    return;
+  }
+  const int rank = a.rank;
+  const std::string name = a.request.name;
+  std::string error = coordinator_->add(std::move(a));
+  if (error.empty()) return;
+  if (rank != topology_.rank) throw std::runtime_error("rank " + std::to_string(rank) + ": " + error);
+  Response r;
+  r.kind = Response::kError;
+  r.names = {name};
+  r.cache_ids = {-1};
+  r.error = error;
+  run(r);
 }
 
 void Engine::readWorkers() {
@@ -373,9 +382,7 @@ void Engine::readWorkers() {
           const char* p = r.getBytes(&len);
           a.inline_data.assign(p, len);
         }
-        std::string name = a.request.name;
-        std::string error = coordinator_->add(std::move(a));
-        if (!error.empty()) throw std::runtime_error("rank " + std::to_string(rank) + ": " + error);
+        arrive(std::move(a));
       }
     }
     if (!open) {
@@ -412,15 +419,46 @@ void Engine::dispatch(std::vector<Response> responses) {
   for (const auto& r : responses) run(r);
 }
 
+namespace {
+
+// A joined rank's stand-in for an op it never submitted: zeros in, the
+// result thrown away. It lets the rank take part in the collective.
+Entry phantomEntry(const Request& request) {
+  auto scratch = std::make_shared<std::vector<char>>(request.numBytes(), 0);
+  Entry e;
+  e.request = request;
+  e.input = scratch->data();
+  e.output = scratch->data();
+  e.allocate = [scratch](int64_t) { return static_cast<void*>(scratch->data()); };
+  e.work = std::make_shared<Work>();
+  e.keep_alive = scratch;
+  return e;
+}
+
+}  // namespace
+
 void Engine::run(const Response& response) {
   std::vector<Entry*> entries;
-  for (const auto& name : response.names) {
+  std::vector<Entry> phantoms;
+  phantoms.reserve(response.names.size());
+  for (size_t i = 0; i < response.names.size(); ++i) {
+    const std::string& name = response.names[i];
     auto it = pending_.find(name);
-    if (it == pending_.end()) {
+    if (it != pending_.end()) {
+      entries.push_back(&it->second);
+    } else if (joined_ && response.kind != Response::kExecute) {
+      return;  // others' op that failed or was reduced inline: nothing for us to do
+    } else if (joined_ && i < response.templates.size()) {
+      phantoms.push_back(phantomEntry(response.templates[i]));
+      entries.push_back(&phantoms.back());
+    } else {
       throw std::runtime_error("internal: response for '" + name + "' that rank " +
                                std::to_string(topology_.rank) + " never submitted");
     }
-    entries.push_back(&it->second);
+  }
+  if (response.type == OpType::kJoin) {
+    entries[0]->work->setFirstDims(response.first_dims[0]);
+    joined_ = false;
   }
   Status status;
   switch (response.kind) {

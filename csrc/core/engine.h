@@ -73,6 +73,7 @@ class Engine {
   void dispatch(std::vector<Response> responses);
   void run(const Response& response);
   void fail(const Status& status);
+  void arrive(Arrival arrival);  // rank 0: hand one arrival to the coordinator
   std::string diagnosePeerFailure();
   std::string encodeArrivals(const std::vector<Arrival>& arrivals) const;
 
@@ -93,6 +94,7 @@ class Engine {
   // Background thread state.
   std::unordered_map<std::string, Entry> pending_;  // by name
   RankCache rank_cache_;
+  bool joined_ = false;  // this rank called join() and waits for the others
   std::unique_ptr<Coordinator> coordinator_;           // rank 0 only
   std::vector<std::unique_ptr<FrameSocket>> workers_;  // rank 0: index = rank
   std::unique_ptr<FrameSocket> to_coordinator_;        // other ranks

@@ -8,9 +8,13 @@
 namespace hvd {
 
 void Executor::execute(const Response& response, const std::vector<Entry*>& entries) {
+  // Average divides by the ranks that contributed (joined ranks add zeros).
+  const int divisor = response.contributors > 0 ? response.contributors : size_;
   switch (response.type) {
+    case OpType::kJoin:
+      return;
     case OpType::kAllreduce:
-      return allreduce(entries);
+      return allreduce(entries, divisor);
     case OpType::kAllgather:
       for (size_t i = 0; i < entries.size(); ++i) {
         Response one = response;
@@ -25,7 +29,7 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
       if (backend_ != nullptr) backend_->barrier();
       return;
     case OpType::kReducescatter:
-      for (Entry* e : entries) reducescatter(*e);
+      for (Entry* e : entries) reducescatter(*e, divisor);
       return;
     case OpType::kAlltoall:
       for (size_t i = 0; i < entries.size(); ++i) {
@@ -40,7 +44,7 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
 // Reduces the whole tensor, then keeps this rank's rows. Gloo 0.5 has no
 // reduce-scatter for arbitrary counts; this moves twice the bytes of a ring
 // reduce-scatter (an allreduce is a reduce-scatter plus an allgather).
-void Executor::reducescatter(Entry& e) {
+void Executor::reducescatter(Entry& e, int divisor) {
   const Request& q = e.request;
   const size_t n = static_cast<size_t>(q.numElements());
   const size_t bytes = q.numBytes();
@@ -57,7 +61,7 @@ void Executor::reducescatter(Entry& e) {
   char* out = static_cast<char*>(e.allocate(mine.rows));
   char* slice = buf + mine.offset * row_bytes;
   const size_t count = static_cast<size_t>(mine.rows * q.rowElements());
-  if (q.reduce_op == ReduceOp::kAverage) divideBuffer(slice, count, q.dtype, size_);
+  if (q.reduce_op == ReduceOp::kAverage) divideBuffer(slice, count, q.dtype, divisor);
   scaleBuffer(slice, count, q.dtype, q.postscale);
   std::memcpy(out, slice, count * dataTypeSize(q.dtype));
 }
@@ -86,7 +90,7 @@ void Executor::alltoall(const Response& response, Entry& e) {
   backend_->alltoallv(e.input, send_counts, out, recv_counts, e.request.dtype);
 }
 
-void Executor::allreduce(const std::vector<Entry*>& entries) {
+void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
   const Request& q = entries[0]->request;
   const size_t elem = dataTypeSize(q.dtype);
   size_t total = 0;
@@ -112,7 +116,7 @@ void Executor::allreduce(const std::vector<Entry*>& entries) {
     backend_->allreduce(buf, total, q.dtype,
                         q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op);
   }
-  if (q.reduce_op == ReduceOp::kAverage) divideBuffer(buf, total, q.dtype, size_);
+  if (q.reduce_op == ReduceOp::kAverage) divideBuffer(buf, total, q.dtype, divisor);
   scaleBuffer(buf, total, q.dtype, q.postscale);
   if (entries.size() > 1) {
     size_t off = 0;

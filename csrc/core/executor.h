@@ -21,11 +21,11 @@ class Executor {
   void execute(const Response& response, const std::vector<Entry*>& entries);
 
  private:
-  void allreduce(const std::vector<Entry*>& entries);
+  void allreduce(const std::vector<Entry*>& entries, int divisor);
   void allgather(const Response& response, Entry& entry);
   void broadcast(Entry& entry);
   void alltoall(const Response& response, Entry& entry);
-  void reducescatter(Entry& entry);
+  void reducescatter(Entry& entry, int divisor);
 
   Backend* backend_;
   int size_;

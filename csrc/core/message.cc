@@ -83,6 +83,9 @@ void Response::encode(Writer& w) const {
   for (int32_t id : cache_ids) w.put<int32_t>(id);
   w.putString(error);
   w.putString(inline_result);
+  w.put<int32_t>(contributors);
+  w.put<uint32_t>(static_cast<uint32_t>(templates.size()));
+  for (const auto& q : templates) q.encode(w);
 }
 
 Response Response::decode(Reader& r) {
@@ -100,6 +103,9 @@ Response Response::decode(Reader& r) {
   for (auto& id : p.cache_ids) id = r.get<int32_t>();
   p.error = r.getString();
   p.inline_result = r.getString();
+  p.contributors = r.get<int32_t>();
+  p.templates.resize(r.getCount(1));
+  for (auto& q : p.templates) q = Request::decode(r);
   return p;
 }
 

@@ -57,6 +57,11 @@ struct Response {
   std::vector<int32_t> cache_ids;
   std::string error;
   std::string inline_result;
+  // While some ranks have joined: the ranks that contribute (0 = all), which
+  // Average divides by, and each name's request, so a joined rank can take
+  // part in the collective with zeros without having submitted it.
+  int32_t contributors = 0;
+  std::vector<Request> templates;
 
   void encode(Writer& w) const;
   static Response decode(Reader& r);

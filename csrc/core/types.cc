@@ -60,6 +60,7 @@ const char* opTypeName(OpType op) {
     case OpType::kBarrier: return "barrier";
     case OpType::kAlltoall: return "alltoall";
     case OpType::kReducescatter: return "reducescatter";
+    case OpType::kJoin: return "join";
   }
   return "unknown";
 }

@@ -39,6 +39,7 @@ enum class OpType : uint8_t {
   kBarrier = 3,
   kAlltoall = 4,
   kReducescatter = 5,
+  kJoin = 6,
 };
 
 // Reducescatter's split of the first dimension (Horovod's rule): every rank

@@ -375,6 +375,21 @@ std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>
   return handles;
 }
 
+int64_t joinAndWait() {
+  auto engine = requireEngine("join");
+  Entry e;
+  e.request.type = OpType::kJoin;
+  e.request.dtype = DataType::kUInt8;
+  e.request.name = "join";
+  Pending p;
+  p.name = "join";
+  p.result = at::zeros({}, at::kLong);
+  p.work = engine->enqueue(std::move(e));
+  Pending done;
+  waitHandle(addHandle(std::move(p)), &done);
+  return done.work->firstDims().at(0);
+}
+
 int64_t submitBarrier(int64_t process_set) {
   auto engine = requireEngine("barrier");
   checkProcessSet(process_set, "barrier");

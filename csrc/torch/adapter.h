@@ -58,6 +58,8 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& name, int64
 int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
                         const std::string& name, int64_t process_set);
 int64_t submitBarrier(int64_t process_set);
+// join(): blocks until every rank has joined; returns the last rank to join.
+int64_t joinAndWait();
 int64_t submitReducescatter(const at::Tensor& tensor, const std::string& name, int64_t op,
                             double prescale, double postscale, int64_t process_set,
                             const GroupTag* group = nullptr);

@@ -138,6 +138,11 @@ std::vector<int64_t> groupedReducescatterAsync(at::TensorList ts, c10::string_vi
 
 at::Tensor barrier(int64_t ps) { return waitHandle(submitBarrier(ps)); }
 
+at::Tensor join(int64_t device) {
+  TORCH_CHECK(device == -1 || device >= 0, "hvd_torch.join: device ", device, " is not valid");
+  return at::scalar_tensor(joinAndWait(), at::kLong);
+}
+
 bool poll(int64_t handle) { return pollHandle(handle); }
 
 at::Tensor synchronize(int64_t handle) { return waitHandle(handle); }
@@ -175,6 +180,7 @@ TORCH_LIBRARY_IMPL(hvd_torch, CompositeImplicitAutograd, m) {
   m.impl("barrier", barrier);
   m.impl("poll", poll);
   m.impl("synchronize", synchronize);
+  m.impl("join", join);
   m.impl("synchronize_alltoall", synchronizeAlltoall);
 }
 

@@ -64,6 +64,9 @@ TORCH_LIBRARY(hvd_torch, m) {
   def("synchronize_alltoall(int handle) -> (Tensor, Tensor)");
   // Returns a tensor so that a tracer cannot drop the call.
   def("barrier(int process_set_id=0) -> Tensor");
+  // This rank has no more data: until every rank has joined, it takes part in
+  // the others' allreduces with zeros. Returns the last rank to join.
+  def("join(int device=-1) -> Tensor");
   // Async completion. synchronize returns the op's result (for in-place ops
   // the tensor that was passed in); it raises the op's error on every rank.
   def("poll(int handle) -> bool");
