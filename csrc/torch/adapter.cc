@@ -49,6 +49,19 @@ Request baseRequest(OpType type, const at::Tensor& t, DataType dtype, const std:
   return q;
 }
 
+// Allocates an output of `rows` rows shaped like `input`'s rows, once the
+// engine knows the row count (allgather, alltoall, reducescatter).
+std::function<void*(int64_t)> allocateRows(const at::Tensor& input,
+                                           std::shared_ptr<at::Tensor> out) {
+  std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
+  return [out, row_shape, options = input.options()](int64_t rows) {
+    std::vector<int64_t> shape{rows};
+    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
+    *out = at::empty(shape, options);
+    return out->data_ptr();
+  };
+}
+
 }  // namespace
 
 std::shared_ptr<Engine> requireEngine(const char* op) {
@@ -201,14 +214,7 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
   Entry e;
   e.request = baseRequest(OpType::kAllgather, input, dtype, name, process_set, group);
   e.input = input.data_ptr();
-  std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
-  auto options = input.options();
-  e.allocate = [gathered, row_shape, options](int64_t rows) {
-    std::vector<int64_t> shape{rows};
-    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
-    *gathered = at::empty(shape, options);
-    return gathered->data_ptr();
-  };
+  e.allocate = allocateRows(input, gathered);
   e.keep_alive = std::make_shared<at::Tensor>(input);
   Pending p;
   p.name = name;
@@ -282,14 +288,7 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
   e.request = baseRequest(OpType::kAlltoall, input, dtype, name, process_set);
   e.request.splits = send;
   e.input = input.data_ptr();
-  std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
-  auto options = input.options();
-  e.allocate = [gathered, row_shape, options](int64_t total_rows) {
-    std::vector<int64_t> shape{total_rows};
-    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
-    *gathered = at::empty(shape, options);
-    return gathered->data_ptr();
-  };
+  e.allocate = allocateRows(input, gathered);
   e.keep_alive = std::make_shared<at::Tensor>(input);
   Pending p;
   p.name = name;
@@ -320,14 +319,7 @@ int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_na
   e.request.prescale = prescale;
   e.request.postscale = postscale;
   e.input = input.data_ptr();
-  std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
-  auto options = input.options();
-  e.allocate = [gathered, row_shape, options](int64_t rows) {
-    std::vector<int64_t> shape{rows};
-    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
-    *gathered = at::empty(shape, options);
-    return gathered->data_ptr();
-  };
+  e.allocate = allocateRows(input, gathered);
   e.keep_alive = std::make_shared<at::Tensor>(input);
   Pending p;
   p.name = name;
