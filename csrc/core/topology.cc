@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <stdexcept>
+#include <thread>
 
 namespace hvd {
 
@@ -64,8 +65,13 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.stall_check = envInt("HOROVOD_STALL_CHECK_DISABLE", 0) == 0;
   c.stall_warning = std::chrono::seconds(envInt("HOROVOD_STALL_CHECK_TIME_SECONDS", 60));
   c.stall_shutdown = std::chrono::seconds(envInt("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 900));
-  c.engine_spin = std::chrono::microseconds(envInt("HVD_TORCH_ENGINE_SPIN_US", 100));
-  c.caller_spin = std::chrono::microseconds(envInt("HVD_TORCH_CALLER_SPIN_US", 100));
+  // Spinning pays only while every rank has a core to spin on; with more
+  // ranks than cores it steals the CPU from the peer it is waiting for.
+  const long local_size = envInt("HOROVOD_LOCAL_SIZE", envInt("HOROVOD_SIZE", 1));
+  const long cores = static_cast<long>(std::thread::hardware_concurrency());
+  const long spin = (cores == 0 || local_size <= cores) ? 100 : 0;
+  c.engine_spin = std::chrono::microseconds(envInt("HVD_TORCH_ENGINE_SPIN_US", spin));
+  c.caller_spin = std::chrono::microseconds(envInt("HVD_TORCH_CALLER_SPIN_US", spin));
   return c;
 }
 

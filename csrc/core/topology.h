@@ -35,6 +35,7 @@ struct EngineConfig {
   std::string hostname;                      // HOROVOD_HOSTNAME
   // How long a waiting thread polls (yielding) before it sleeps: the
   // background loop after each event, and a caller in synchronize().
+  // Default 100 us while local ranks <= cores, else 0.
   // Stall handling (rank 0): warn after stall_warning, fail every rank after
   // stall_shutdown (0 = never). Horovod never fails; we do, after 15 minutes:
   // longer than common single-rank pauses (a checkpoint, rank-0 validation),
