@@ -49,19 +49,6 @@ Request baseRequest(OpType type, const at::Tensor& t, DataType dtype, const std:
   return q;
 }
 
-// Allocates an output of `rows` rows shaped like `input`'s rows, once the
-// engine knows the row count (allgather, alltoall, reducescatter).
-std::function<void*(int64_t)> allocateRows(const at::Tensor& input,
-                                           std::shared_ptr<at::Tensor> out) {
-  std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
-  return [out, row_shape, options = input.options()](int64_t rows) {
-    std::vector<int64_t> shape{rows};
-    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
-    *out = at::empty(shape, options);
-    return out->data_ptr();
-  };
-}
-
 }  // namespace
 
 std::shared_ptr<Engine> requireEngine(const char* op) {
@@ -165,6 +152,45 @@ void clearHandles() {
   handles.clear();
 }
 
+namespace {
+
+// Output of the input's shape (allreduce, broadcast): a new tensor, or the
+// input itself for in-place ops (copied back into `tensor` when the input was
+// a contiguous copy of it).
+void bindSameShapeOutput(const at::Tensor& tensor, const at::Tensor& input, bool in_place,
+                         Entry& e, Pending& p) {
+  at::Tensor output = in_place ? input : at::empty_like(input);
+  if (in_place && !input.is_same(tensor)) p.copy_back_to = tensor;
+  p.result = output;
+  e.input = input.data_ptr();
+  e.output = output.data_ptr();
+  e.keep_alive = std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output);
+}
+
+// Output whose row count the engine learns late (allgather, alltoall,
+// reducescatter): allocated on the background thread, read by synchronize.
+void bindRowsOutput(const at::Tensor& input, Entry& e, Pending& p) {
+  auto out = std::make_shared<at::Tensor>();
+  std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
+  e.input = input.data_ptr();
+  e.allocate = [out, row_shape, options = input.options()](int64_t rows) {
+    std::vector<int64_t> shape{rows};
+    shape.insert(shape.end(), row_shape.begin(), row_shape.end());
+    *out = at::empty(shape, options);
+    return out->data_ptr();
+  };
+  e.keep_alive = std::make_shared<at::Tensor>(input);
+  p.gathered = out;
+}
+
+int64_t enqueue(Engine& engine, Entry e, Pending p) {
+  p.name = e.request.name;
+  p.work = engine.enqueue(std::move(e));
+  return addHandle(std::move(p));
+}
+
+}  // namespace
+
 int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::string& user_name,
                         int64_t op, double prescale, double postscale, int64_t process_set,
                         const GroupTag* group) {
@@ -179,27 +205,14 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::stri
               "hvd_torch.allreduce '", name,
               "': bool tensors support Sum/Max (or) and Min/Product (and), without scaling");
   at::Tensor input = contiguousCpu(tensor, "allreduce", name);
-  Pending p;
-  p.name = name;
-  at::Tensor output;
-  if (in_place) {
-    output = input;
-    if (!input.is_same(tensor)) p.copy_back_to = tensor;
-  } else {
-    output = at::empty_like(input);
-  }
-  p.result = output;
-
   Entry e;
+  Pending p;
   e.request = baseRequest(OpType::kAllreduce, input, dtype, name, process_set, group);
   e.request.reduce_op = static_cast<ReduceOp>(op);
   e.request.prescale = prescale;
   e.request.postscale = postscale;
-  e.input = input.data_ptr();
-  e.output = output.data_ptr();
-  e.keep_alive = std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output);
-  p.work = engine->enqueue(std::move(e));
-  return addHandle(std::move(p));
+  bindSameShapeOutput(tensor, input, in_place, e, p);
+  return enqueue(*engine, std::move(e), std::move(p));
 }
 
 int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
@@ -210,17 +223,11 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
   DataType dtype = toDataType(tensor, "allgather", name);
   // A 0-d tensor gathers as one row per rank, like Horovod.
   at::Tensor input = contiguousCpu(tensor.dim() == 0 ? tensor.reshape({1}) : tensor, "allgather", name);
-  auto gathered = std::make_shared<at::Tensor>();
   Entry e;
-  e.request = baseRequest(OpType::kAllgather, input, dtype, name, process_set, group);
-  e.input = input.data_ptr();
-  e.allocate = allocateRows(input, gathered);
-  e.keep_alive = std::make_shared<at::Tensor>(input);
   Pending p;
-  p.name = name;
-  p.gathered = gathered;
-  p.work = engine->enqueue(std::move(e));
-  return addHandle(std::move(p));
+  e.request = baseRequest(OpType::kAllgather, input, dtype, name, process_set, group);
+  bindRowsOutput(input, e, p);
+  return enqueue(*engine, std::move(e), std::move(p));
 }
 
 int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
@@ -233,24 +240,12 @@ int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_ra
   TORCH_CHECK(root_rank >= 0 && root_rank < size, "hvd_torch.broadcast '", name, "': root_rank ",
               root_rank, " is out of range for ", size, " ranks");
   at::Tensor input = contiguousCpu(tensor, "broadcast", name);
-  Pending p;
-  p.name = name;
-  at::Tensor output;
-  if (in_place) {
-    output = input;
-    if (!input.is_same(tensor)) p.copy_back_to = tensor;
-  } else {
-    output = at::empty_like(input);
-  }
-  p.result = output;
   Entry e;
+  Pending p;
   e.request = baseRequest(OpType::kBroadcast, input, dtype, name, process_set);
   e.request.root_rank = static_cast<int32_t>(root_rank);
-  e.input = input.data_ptr();
-  e.output = output.data_ptr();
-  e.keep_alive = std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output);
-  p.work = engine->enqueue(std::move(e));
-  return addHandle(std::move(p));
+  bindSameShapeOutput(tensor, input, in_place, e, p);
+  return enqueue(*engine, std::move(e), std::move(p));
 }
 
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
@@ -283,19 +278,13 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
     send.assign(size, rows / size);
   }
   at::Tensor input = contiguousCpu(tensor, "alltoall", name);
-  auto gathered = std::make_shared<at::Tensor>();
   Entry e;
+  Pending p;
   e.request = baseRequest(OpType::kAlltoall, input, dtype, name, process_set);
   e.request.splits = send;
-  e.input = input.data_ptr();
-  e.allocate = allocateRows(input, gathered);
-  e.keep_alive = std::make_shared<at::Tensor>(input);
-  Pending p;
-  p.name = name;
-  p.gathered = gathered;
+  bindRowsOutput(input, e, p);
   p.alltoall = true;
-  p.work = engine->enqueue(std::move(e));
-  return addHandle(std::move(p));
+  return enqueue(*engine, std::move(e), std::move(p));
 }
 
 int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_name, int64_t op,
@@ -312,20 +301,14 @@ int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_na
   TORCH_CHECK(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
               "hvd_torch.reducescatter '", name, "': bool tensors support Sum only, unscaled");
   at::Tensor input = contiguousCpu(tensor, "reducescatter", name);
-  auto gathered = std::make_shared<at::Tensor>();
   Entry e;
+  Pending p;
   e.request = baseRequest(OpType::kReducescatter, input, dtype, name, process_set, group);
   e.request.reduce_op = static_cast<ReduceOp>(op);
   e.request.prescale = prescale;
   e.request.postscale = postscale;
-  e.input = input.data_ptr();
-  e.allocate = allocateRows(input, gathered);
-  e.keep_alive = std::make_shared<at::Tensor>(input);
-  Pending p;
-  p.name = name;
-  p.gathered = gathered;
-  p.work = engine->enqueue(std::move(e));
-  return addHandle(std::move(p));
+  bindRowsOutput(input, e, p);
+  return enqueue(*engine, std::move(e), std::move(p));
 }
 
 std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>& tensors,
@@ -374,11 +357,9 @@ int64_t joinAndWait() {
   e.request.dtype = DataType::kUInt8;
   e.request.name = "join";
   Pending p;
-  p.name = "join";
   p.result = at::zeros({}, at::kLong);
-  p.work = engine->enqueue(std::move(e));
   Pending done;
-  waitHandle(addHandle(std::move(p)), &done);
+  waitHandle(enqueue(*engine, std::move(e), std::move(p)), &done);
   return done.work->firstDims().at(0);
 }
 
@@ -391,10 +372,8 @@ int64_t submitBarrier(int64_t process_set) {
   e.request.name = opName("barrier", "");
   e.request.process_set = static_cast<int32_t>(process_set);
   Pending p;
-  p.name = e.request.name;
   p.result = at::zeros({}, at::kLong);
-  p.work = engine->enqueue(std::move(e));
-  return addHandle(std::move(p));
+  return enqueue(*engine, std::move(e), std::move(p));
 }
 
 }  // namespace torch_layer
