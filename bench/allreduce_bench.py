@@ -34,24 +34,12 @@ import subprocess
 import sys
 import time
 
+from sizes import parse_size
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SET_BUDGET_BYTES = 256 << 20  # bytes reduced per timed set, which bounds the buffers
 MIN_ITERS = 3
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "int8")
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text):
-    """'4', '64K', '64M', '1G' (binary units, as nccl-tests) -> bytes."""
-    t = text.strip().upper().removesuffix("B")
-    unit = t[-1] if t and t[-1] in UNITS else ""
-    try:
-        value = int(t[: len(t) - len(unit)]) * UNITS[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4, 64K, 64M)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
-    return value
 
 
 def parse_args(argv=None):

@@ -44,7 +44,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from hvd_torch.compression import Compression  # noqa: E402  (after the path fix-up)
 
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+from sizes import parse_size as parse_bytes  # noqa: E402  (scripts run from bench/)
+
 MIN_ITERS = 3
 COMPRESSORS = {"fp16": Compression.fp16, "bf16": Compression.bf16}
 # Round-trip tolerance: half an ulp of the 16-bit format, relative, or half
@@ -54,16 +55,8 @@ ROUND_TRIP_ATOL = {"fp16": 2.0**-25, "bf16": 0.0}
 
 
 def parse_size(text):
-    """'1M', '256M', '4096' (binary units) -> bytes."""
-    t = text.strip().upper().removesuffix("B")
-    unit = t[-1] if t and t[-1] in UNITS else ""
-    try:
-        value = int(t[: len(t) - len(unit)]) * UNITS[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4K, 1M)") from None
-    if value < 4:
-        raise argparse.ArgumentTypeError(f"size must be at least 4 bytes: {text!r}")
-    return value
+    """A size of at least 4 bytes (one float32)."""
+    return parse_bytes(text, minimum=4)
 
 
 def parse_args(argv=None):
