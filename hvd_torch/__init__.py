@@ -23,11 +23,14 @@ from hvd_torch.grouped import (  # noqa: F401
     grouped_reducescatter_async,
 )
 from hvd_torch.ops import (  # noqa: F401
-    ProcessSet, allgather, allgather_async, allreduce, allreduce_, allreduce_async,
+    allgather, allgather_async, allreduce, allreduce_, allreduce_async,
     allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
-    broadcast_async_, global_process_set, join, poll, reducescatter, reducescatter_async, synchronize,
+    broadcast_async_, join, poll, reducescatter, reducescatter_async, synchronize,
 )
 from hvd_torch.optimizer import DistributedOptimizer  # noqa: F401
+from hvd_torch.process_sets import (  # noqa: F401
+    ProcessSet, add_process_set, global_process_set, remove_process_set,
+)
 from hvd_torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
 
 __version__ = "0.1.0"

@@ -6,6 +6,7 @@ import os
 import torch  # noqa: F401  (loads libtorch before our extension)
 
 from hvd_torch import _C
+from hvd_torch import process_sets as process_sets_module
 
 # Horovod's reduce op constants (horovod/common/message.h numbering).
 Average = 0
@@ -33,18 +34,28 @@ def init(comm=None, process_sets=None):
     """Meets the other ranks (from the launcher's environment) and starts the engine.
 
     A second call while initialised does nothing, as in Horovod.
+    process_sets: ProcessSet objects to register (ids 1, 2, ... in list
+    order); "dynamic" is accepted for Horovod scripts and changes nothing,
+    since add_process_set() always works here.
     """
     if comm is not None:
         raise ValueError("hvd_torch.init(comm=...): MPI communicators are not supported "
                          "(hvd-torch uses Gloo; launch with hvdrun)")
-    if process_sets is not None:
-        raise ValueError("hvd_torch.init(process_sets=...): process sets are not supported yet")
+    if process_sets is not None and process_sets != "dynamic":
+        if isinstance(process_sets, str) or not all(
+                isinstance(ps, process_sets_module.ProcessSet) for ps in process_sets):
+            raise ValueError("hvd_torch.init(process_sets=...) takes a list of ProcessSet "
+                             "objects or 'dynamic'")
+    if _C.is_initialized():
+        return
     _C.init()
+    process_sets_module._after_init(process_sets)
 
 
 def shutdown():
     """Stops the engine. Pending operations fail; init() may be called again."""
     _C.shutdown()
+    process_sets_module._after_shutdown()
 
 
 atexit.register(shutdown)

@@ -13,6 +13,7 @@ import torch
 from hvd_torch.basics import Average, Sum
 from hvd_torch.compression import Compression
 from hvd_torch.exceptions import HorovodInternalError
+from hvd_torch.process_sets import global_process_set, process_set_id
 
 _ops = torch.ops.hvd_torch
 _INTERNAL = "HorovodInternalError: "
@@ -65,20 +66,6 @@ def _broadcast_inplace_fake(tensor, root_rank=0, name="", process_set_id=0):
     return None
 
 
-class ProcessSet:
-    """A subset of ranks (only the global set exists so far)."""
-
-    def __init__(self, ranks=None):
-        self.ranks = ranks
-        self.process_set_id = 0 if ranks is None else None
-
-    def __repr__(self):
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
-
-
-global_process_set = ProcessSet()
-
-
 def _translate_errors(fn):
     """Engine failures (a dead peer, shutdown) become HorovodInternalError."""
 
@@ -106,10 +93,7 @@ def _resolve_op(average, op):
     return Average if op is None else op
 
 
-def _ps(process_set):
-    if process_set.process_set_id is None:
-        raise ValueError(f"{process_set} is not registered")
-    return process_set.process_set_id
+_ps = process_set_id
 
 
 @_translate_errors

@@ -157,7 +157,7 @@ class _DistributedOptimizer:
         into a Sum of grad/f scaled by f/size afterwards (Horovod's split)."""
         f = self.gradient_predivide_factor
         if self.op == Average and f != 1.0:
-            return Sum, 1.0 / f, f / size()
+            return Sum, 1.0 / f, f / self.process_set.size()
         return self.op, 1.0, 1.0
 
     def _finish(self, p, work):
@@ -465,7 +465,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             as dense tensors and turn the result back into a sparse gradient.
             Without it a sparse gradient raises a ValueError: sparse allreduce
             is not supported.
-        process_set: only the global process set exists so far.
+        process_set: the ranks that average gradients together (default: all);
+            every rank of the set must train with this optimizer.
     """
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("DistributedOptimizer: this optimizer is already a DistributedOptimizer")

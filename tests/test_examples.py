@@ -3,7 +3,8 @@
 examples/digits_train.py: trains, checkpoints, resumes from the checkpoint
 exactly (same weights as an uninterrupted run) and ignores it with --no-resume;
 examples/digits_train_scripted.py: the same with a TorchScript model;
-examples/synthetic_benchmark.py: reports local, hvd and ddp throughput.
+examples/synthetic_benchmark.py: reports local, hvd and ddp throughput;
+examples/digits_two_trials.py: two process sets train two models side by side.
 """
 
 import json
@@ -21,13 +22,13 @@ RUN_TIMEOUT = 90
 IDENTICAL = re.compile(r"all 2 ranks hold identical weights \(sha256 prefix ([0-9a-f]{16})\)")
 
 
-def _run_example(script, *args, timeout=RUN_TIMEOUT):
-    """`hvdrun -np 2 python examples/<script> args...`; returns (exit code, output).
+def _run_example(script, *args, timeout=RUN_TIMEOUT, np=2):
+    """`hvdrun -np NP python examples/<script> args...`; returns (exit code, output).
 
     On a timeout the launcher gets SIGTERM, which it forwards to its ranks (each
     in its own session), and SIGKILL if it is still there 10 s later.
     """
-    cmd = [sys.executable, "-m", "hvd_torch.runner", "-np", "2",
+    cmd = [sys.executable, "-m", "hvd_torch.runner", "-np", str(np),
            sys.executable, str(EXAMPLES / script), *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -119,3 +120,12 @@ def test_synthetic_benchmark(tmp_path):
     assert report["np"] == 2
     assert set(report["results"]) == {"local", "hvd", "ddp"}
     assert report["ratio_hvd_ddp"] > 0
+
+
+def test_two_trials_in_process_sets():
+    code, out = _run_example("digits_two_trials.py", "--epochs", "1", np=3)
+    assert code == 0, out
+    lines = _stdout(out)
+    assert any(line.startswith("process set 1 (ranks [0, 2]): lr 0.1, test accuracy")
+               and line.endswith("identical weights on its ranks") for line in lines), out
+    assert any(line.startswith("process set 2 (ranks [1]): lr 0.01,") for line in lines), out

@@ -10,6 +10,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dist_harness import launch_once  # noqa: E402
 
 SUM, AVERAGE = 1, 0
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64, torch.bool]
 
 
 def _members(rank):
@@ -59,6 +61,13 @@ def _rank_main():
             res["bad"] = None
         except RuntimeError as e:
             res["bad"] = str(e)
+    # One member per supported dtype, in one group each.
+    res["dtypes.allreduce"] = hvd.grouped_allreduce(
+        [torch.full((3,), r + 1).to(dt) for dt in DTYPES], op=hvd.Sum)
+    res["dtypes.allgather"] = hvd.grouped_allgather(
+        [torch.full((r + 1,), r).to(dt) for dt in DTYPES])
+    res["dtypes.scatter"] = hvd.grouped_reducescatter(
+        [torch.arange(5).to(dt) for dt in DTYPES], op=SUM)
     res["after"] = hvd.allreduce(torch.ones(1), op=hvd.Sum)
     return res
 
@@ -101,6 +110,21 @@ def test_grouped_values(nranks):
         start, count = _slice(5, nranks, rank)
         assert torch.allclose(res["scatter_async"][0], torch.arange(5.0)[start:start + count])
         assert torch.equal(res["after"], torch.tensor([float(nranks)]))
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_grouped_every_dtype(nranks):
+    total = sum(r + 1 for r in range(nranks))
+    gathered = torch.cat([torch.full((r + 1,), r) for r in range(nranks)])
+    for rank, res in enumerate(_launch(nranks)):
+        start, count = _slice(5, nranks, rank)
+        for i, dt in enumerate(DTYPES):
+            # bool reduces with or: every value is True.
+            want = torch.full((3,), total).to(dt)
+            assert torch.equal(res["dtypes.allreduce"][i], want), (dt, res["dtypes.allreduce"][i])
+            assert torch.equal(res["dtypes.allgather"][i], gathered.to(dt)), dt
+            want = (torch.arange(5) * nranks).to(dt) if dt != torch.bool else torch.arange(5).bool()
+            assert torch.equal(res["dtypes.scatter"][i], want[start:start + count]), dt
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3])

@@ -8,29 +8,30 @@
 namespace hvd {
 
 Coordinator::Coordinator(int size, size_t fusion_threshold, size_t cache_capacity)
-    : size_(size), fusion_threshold_(fusion_threshold), joined_(size, false),
+    : size_(size), fusion_threshold_(fusion_threshold), sets_(size), joined_(size, false),
       cache_(cache_capacity) {}
 
 bool Coordinator::readyToRun(const Pending& p) const {
-  for (int r = 0; r < size_; ++r)
+  for (int r : p.members)
     if (!p.arrived[r] && !joined_[r]) return false;
   return true;
 }
 
-void Coordinator::markReady(const std::string& name, const Pending& p) {
+void Coordinator::markReady(const std::string& key, const Pending& p) {
   int first = 0;
   while (!p.arrived[first]) ++first;  // some rank has arrived: add() was called
   const Request& q = p.by_rank[first].request;
   if (q.group.empty()) {
-    ready_.push_back(name);
+    ready_.push_back(key);
     return;
   }
   // A group becomes ready as a unit, so its members run (and fuse) together.
-  auto& members = groups_[q.group];
-  members.push_back(name);
+  const std::string group = tableKey(q.process_set, q.group);
+  auto& members = groups_[group];
+  members.push_back(key);
   if (static_cast<int32_t>(members.size()) >= q.group_size) {
     ready_.insert(ready_.end(), members.begin(), members.end());
-    groups_.erase(q.group);
+    groups_.erase(group);
   }
 }
 
@@ -40,10 +41,10 @@ void Coordinator::join(int rank) {
     ++joined_count_;
   }
   // Ops that waited only for this rank can run now.
-  for (auto& [name, p] : table_) {
+  for (auto& [key, p] : table_) {
     if (!p.ready && readyToRun(p)) {
       p.ready = true;
-      markReady(name, p);
+      markReady(key, p);
     }
   }
   if (joined_count_ == size_) {
@@ -69,8 +70,19 @@ std::string Coordinator::add(Arrival arrival) {
     arrival.request = (*slot)[arrival.rank];
   }
   const std::string name = arrival.request.name;
-  Pending& p = table_[name];
+  std::vector<int> members;
+  if (!sets_.find(arrival.request.process_set, &members) ||
+      indexIn(members, arrival.rank) < 0) {
+    return "rank " + std::to_string(arrival.rank) + " submitted '" + name +
+           "' on process set " + std::to_string(arrival.request.process_set) +
+           ", which does not exist or does not contain it";
+  }
+  const std::string key = tableKey(arrival.request.process_set, name);
+  Pending& p = table_[key];
   if (p.count == 0) {
+    p.name = name;
+    p.process_set = arrival.request.process_set;
+    p.members = std::move(members);
     p.by_rank.resize(size_);
     p.arrived.assign(size_, false);
     p.first_arrival = std::chrono::steady_clock::now();
@@ -84,7 +96,7 @@ std::string Coordinator::add(Arrival arrival) {
   ++p.count;
   if (!p.ready && readyToRun(p)) {
     p.ready = true;
-    markReady(name, p);
+    markReady(key, p);
   }
   return "";
 }
@@ -92,10 +104,11 @@ std::string Coordinator::add(Arrival arrival) {
 std::vector<Response> Coordinator::takeReady() {
   std::vector<ReadyOp> ops;
   ops.reserve(ready_.size());
-  for (const auto& name : ready_) {
-    auto it = table_.find(name);
-    ops.push_back(negotiate(name, it->second));
-    table_.erase(it);
+  for (const auto& key : ready_) {
+    auto it = table_.find(key);
+    Pending p = std::move(it->second);
+    table_.erase(it);  // first: a removal checks the table for the set's other ops
+    ops.push_back(negotiate(key, p));
   }
   ready_.clear();
   // All or none: if one member of a group is invalid, the whole group fails.
@@ -119,20 +132,22 @@ std::vector<Response> Coordinator::takeReady() {
   return out;
 }
 
-ReadyOp Coordinator::negotiate(const std::string& name, Pending& p) {
+ReadyOp Coordinator::negotiate(const std::string& key, Pending& p) {
   ReadyOp op;
   Response& r = op.response;
-  r.names = {name};
   std::vector<Request> reqs;
-  std::vector<int> ranks;  // who submitted (all but the joined ranks)
+  std::vector<int> ranks;  // who submitted (the set's members but the joined ranks)
   std::vector<Arrival> arrivals;
-  for (int rank = 0; rank < size_; ++rank) {
+  for (int rank : p.members) {
     if (!p.arrived[rank]) continue;
     reqs.push_back(p.by_rank[rank].request);
     ranks.push_back(rank);
     arrivals.push_back(std::move(p.by_rank[rank]));
   }
-  const bool partial = static_cast<int>(reqs.size()) < size_;
+  const std::string& name = reqs[0].name;
+  r.names = {name};
+  r.process_set = reqs[0].process_set;
+  const bool partial = reqs.size() < p.members.size();
   bool all_same_slot = !partial;
   for (const auto& a : arrivals)
     all_same_slot = all_same_slot && a.cache_id >= 0 && a.cache_id == arrivals[0].cache_id;
@@ -157,8 +172,15 @@ ReadyOp Coordinator::negotiate(const std::string& name, Pending& p) {
     r.contributors = static_cast<int32_t>(reqs.size());
     r.templates = {reqs[0]};
     r.cache_ids = {-1};
+  } else if (all_same_slot) {
+    r.cache_ids = {arrivals[0].cache_id};
+  } else if (r.type == OpType::kAddProcessSet || r.type == OpType::kRemoveProcessSet) {
+    r.cache_ids = {-1};  // one-off: not worth a slot
   } else {
-    r.cache_ids = {all_same_slot ? arrivals[0].cache_id : cache_.insert(reqs)};
+    // Slots hold every rank's request at its global rank (others left empty).
+    std::vector<Request> by_rank(size_);
+    for (size_t i = 0; i < reqs.size(); ++i) by_rank[ranks[i]] = reqs[i];
+    r.cache_ids = {cache_.insert(std::move(by_rank))};
   }
 
   if (r.type == OpType::kAllgather) {
@@ -172,7 +194,9 @@ ReadyOp Coordinator::negotiate(const std::string& name, Pending& p) {
   }
   bool all_inline = r.type == OpType::kAllreduce || r.type == OpType::kReducescatter;
   for (const auto& a : arrivals) all_inline = all_inline && a.has_inline;
-  if (r.type == OpType::kBarrier) {
+  if (r.type == OpType::kAddProcessSet || r.type == OpType::kRemoveProcessSet) {
+    changeProcessSets(reqs, r);
+  } else if (r.type == OpType::kBarrier) {
     r.kind = Response::kDone;
   } else if (all_inline) {
     // Small allreduces finish here: one round trip to the coordinator
@@ -181,6 +205,47 @@ ReadyOp Coordinator::negotiate(const std::string& name, Pending& p) {
     r.kind = Response::kInline;
   }
   return op;
+}
+
+void Coordinator::changeProcessSets(const std::vector<Request>& reqs, Response& r) {
+  const Request& q = reqs[0];
+  auto refuse = [&](const std::string& why) {
+    r.kind = Response::kError;
+    r.error = std::string(opTypeName(q.type)) + ": " + why;
+  };
+  std::vector<int> ranks(q.splits.begin(), q.splits.end());
+  if (q.type == OpType::kRemoveProcessSet) {
+    const int32_t id = static_cast<int32_t>(q.splits.at(0));
+    if (id == 0) return refuse("the global process set (0) cannot be removed");
+    if (!sets_.find(id, nullptr)) return refuse("process set " + std::to_string(id) + " does not exist");
+    for (const auto& [key, pending] : table_) {
+      if (pending.process_set == id) {
+        return refuse("process set " + std::to_string(id) + " still has operations in flight ('" +
+                      pending.name + "'); synchronize them first");
+      }
+    }
+    sets_.remove(id);
+    r.kind = Response::kDone;
+    return;
+  }
+  if (ranks.empty()) return refuse("a process set needs at least one rank");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= size_)
+      return refuse("rank " + std::to_string(ranks[i]) + " is out of range for " +
+                    std::to_string(size_) + " ranks (ranks " + rankList(ranks) + ")");
+    if (i > 0 && ranks[i] <= ranks[i - 1])
+      return refuse("ranks must be distinct, in ascending order: " + rankList(ranks));
+  }
+  for (int32_t id : sets_.ids()) {
+    std::vector<int> existing;
+    sets_.find(id, &existing);
+    if (existing == ranks)
+      return refuse("process set " + std::to_string(id) + " already has ranks " + rankList(ranks));
+  }
+  const int32_t id = next_set_id_++;
+  sets_.add(id, ranks);
+  r.kind = Response::kDone;
+  r.first_dims = {{id}};
 }
 
 namespace {
@@ -250,6 +315,15 @@ std::string Coordinator::validate(const std::vector<Request>& reqs,
                         [](const Request& x) { return x.splits.size(); });
     }
   }
+  if (a.type == OpType::kAddProcessSet || a.type == OpType::kRemoveProcessSet) {
+    for (const auto& q : reqs) {
+      if (q.splits != a.splits)
+        return mismatch(a.type == OpType::kAddProcessSet ? "process set ranks" : "process set ids",
+                        [](const Request& x) {
+                          return rankList(std::vector<int>(x.splits.begin(), x.splits.end()));
+                        });
+    }
+  }
   if (a.type == OpType::kBroadcast) {
     for (const auto& q : reqs) {
       if (q.root_rank != a.root_rank)
@@ -285,9 +359,9 @@ std::string Coordinator::reduceInline(const std::vector<Request>& reqs,
 std::vector<Coordinator::Waiting> Coordinator::waiting() const {
   std::vector<Waiting> out;
   auto now = std::chrono::steady_clock::now();
-  for (const auto& [name, p] : table_) {
-    Waiting w{name, {}, now - p.first_arrival};
-    for (int r = 0; r < size_; ++r)
+  for (const auto& [key, p] : table_) {
+    Waiting w{p.name, p.process_set, {}, now - p.first_arrival};
+    for (int r : p.members)
       if (!p.arrived[r] && !joined_[r]) w.missing_ranks.push_back(r);
     out.push_back(std::move(w));
   }

@@ -1,5 +1,5 @@
 // Negotiation on rank 0: collects every rank's requests by name, and once all
-// ranks have submitted a name, validates that they agree and emits the
+// ranks of the op's process set have submitted a name, validates that they agree and emits the
 // response (execute, inline result, done, or an error naming each rank's
 // value). Ranks may submit names in different orders; the coordinator's
 // emission order is the one order every rank executes in.
@@ -15,6 +15,7 @@
 
 #include "fusion.h"
 #include "message.h"
+#include "process_sets.h"
 #include "response_cache.h"
 
 namespace hvd {
@@ -42,6 +43,7 @@ class Coordinator {
   // and how long the first rank has waited (stall reporting).
   struct Waiting {
     std::string name;
+    int32_t process_set;
     std::vector<int> missing_ranks;
     std::chrono::steady_clock::duration waited;
   };
@@ -58,6 +60,9 @@ class Coordinator {
 
  private:
   struct Pending {
+    std::string name;          // as submitted (the table's key adds the set)
+    int32_t process_set = 0;
+    std::vector<int> members;  // the set's global ranks
     std::vector<Arrival> by_rank;
     std::vector<bool> arrived;
     int count = 0;
@@ -66,6 +71,8 @@ class Coordinator {
   };
 
   ReadyOp negotiate(const std::string& name, Pending& pending);
+  // kAddProcessSet / kRemoveProcessSet, once every rank asked for the same.
+  void changeProcessSets(const std::vector<Request>& reqs, Response& r);
   std::string validate(const std::vector<Request>& reqs, const std::vector<int>& ranks) const;
   std::string reduceInline(const std::vector<Request>& reqs, std::vector<Arrival>& arrivals) const;
 
@@ -74,12 +81,15 @@ class Coordinator {
 
   int size_;
   size_t fusion_threshold_;
+  ProcessSetTable sets_;
+  int32_t next_set_id_ = 1;  // ids are never reused, like cache slots
   std::vector<bool> joined_;
   int joined_count_ = 0;
   CoordinatorCache cache_;
+  // Keyed by tableKey(process set, name), as are ready_ and groups_.
   std::unordered_map<std::string, Pending> table_;
-  std::vector<std::string> ready_;  // names in the order they completed
-  // Grouped names every rank submitted, held until the whole group has.
+  std::vector<std::string> ready_;  // keys in the order they completed
+  // Grouped keys every rank submitted, held until the whole group has.
   std::unordered_map<std::string, std::vector<std::string>> groups_;
   std::vector<Response> joins_done_;  // "every rank has joined", to emit last
 };

@@ -23,18 +23,10 @@ constexpr uint8_t kResponses = 0;  // u32 n, n x Response
 constexpr uint8_t kAbort = 1;      // str reason: a rank is gone, fail everything
 constexpr uint8_t kWelcome = 2;    // every rank has connected
 
-std::string joinRanks(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
-  os << "]";
-  return os.str();
-}
-
 }  // namespace
 
 Engine::Engine(const Topology& topology, const EngineConfig& config)
-    : topology_(topology), config_(config) {}
+    : topology_(topology), config_(config), process_sets_(topology.size) {}
 
 std::shared_ptr<Engine> Engine::start(const Topology& topology, const EngineConfig& config,
                                       const BackendFactory& make_backend, uint64_t generation) {
@@ -65,7 +57,12 @@ void Engine::connect(const BackendFactory& make_backend, uint64_t generation) {
     }
     store_ = std::make_unique<StoreClient>(config_.store_host, config_.store_port, config_.secret,
                                            config_.start_timeout);
-    const std::string prefix = "hvd/g" + std::to_string(generation) + "/";
+    const std::string scope = config_.rendezvous_scope.empty()
+                                  ? "g" + std::to_string(generation)
+                                  : config_.rendezvous_scope;
+    const std::string prefix = "hvd/" + scope + "/";
+    prefix_ = prefix;
+    make_backend_ = make_backend;
     store_->set(prefix + "arrived/" + std::to_string(topology_.rank), config_.hostname);
     if (topology_.rank == 0) {
       connectCoordinator(prefix);
@@ -74,7 +71,30 @@ void Engine::connect(const BackendFactory& make_backend, uint64_t generation) {
     }
     backend_ = make_backend(topology_, config_, *store_, prefix + "data/");
   }
-  executor_ = Executor(backend_.get(), topology_.size, topology_.rank);
+  SetRuntime& global = runtimes_[0];
+  process_sets_.find(0, &global.ranks);
+  global.index = topology_.rank;
+  global.executor = Executor(backend_.get(), topology_.size, topology_.rank);
+}
+
+void Engine::openProcessSet(int32_t id, const std::vector<int64_t>& ranks64) {
+  std::vector<int> ranks(ranks64.begin(), ranks64.end());
+  process_sets_.add(id, ranks);
+  const int index = indexIn(ranks, topology_.rank);
+  if (index < 0) return;
+  SetRuntime rt;
+  rt.ranks = ranks;
+  rt.index = index;
+  if (ranks.size() > 1) {
+    // Every member runs this response at the same point of the one order,
+    // so they all reach this rendezvous together.
+    Topology sub = topology_;
+    sub.rank = index;
+    sub.size = static_cast<int>(ranks.size());
+    rt.backend = make_backend_(sub, config_, *store_, prefix_ + "set" + std::to_string(id) + "/");
+  }
+  rt.executor = Executor(rt.backend.get(), static_cast<int>(ranks.size()), index, ranks);
+  runtimes_[id] = std::move(rt);
 }
 
 std::string Engine::missingRanksMessage(const std::string& prefix, const char* what) {
@@ -91,7 +111,7 @@ std::string Engine::missingRanksMessage(const std::string& prefix, const char* w
   os << "hvd_torch rendezvous failed on rank " << topology_.rank << ": " << what << " within "
      << config_.start_timeout.count() / 1000 << " s (HOROVOD_START_TIMEOUT); store "
      << config_.store_host << ":" << config_.store_port << "; ranks that never arrived: "
-     << joinRanks(missing);
+     << rankList(missing);
   return os.str();
 }
 
@@ -113,7 +133,7 @@ void Engine::connectCoordinator(const std::string& prefix) {
       for (int r = 1; r < topology_.size; ++r)
         if (!workers_[r]) missing.push_back(r);
       throw std::runtime_error(missingRanksMessage(prefix, "not every rank connected") +
-                               "; ranks not connected to the coordinator: " + joinRanks(missing));
+                               "; ranks not connected to the coordinator: " + rankList(missing));
     }
     auto sock = std::make_unique<FrameSocket>(fd);
     std::string hello;
@@ -305,7 +325,17 @@ void Engine::takeSubmissions() {
   std::vector<Arrival> arrivals;
   for (Entry& e : fresh) {
     const std::string name = e.request.name;
-    if (pending_.count(name)) {
+    const std::string key = tableKey(e.request.process_set, name);
+    auto set = runtimes_.find(e.request.process_set);
+    if (set == runtimes_.end()) {
+      e.work->complete(Status::invalidArgument(
+          std::string(opTypeName(e.request.type)) + " '" + name + "': rank " +
+          std::to_string(topology_.rank) + " is not in process set " +
+          std::to_string(e.request.process_set) + " (or it does not exist)"));
+      continue;
+    }
+    const int set_size = static_cast<int>(set->second.ranks.size());
+    if (pending_.count(key)) {
       e.work->complete(Status::invalidArgument(
           std::string(opTypeName(e.request.type)) + ": an operation named '" + name +
           "' is already in flight on rank " + std::to_string(topology_.rank) +
@@ -314,7 +344,9 @@ void Engine::takeSubmissions() {
     }
     Arrival a;
     a.rank = topology_.rank;
-    const bool cacheable = config_.cache_capacity > 0 && e.request.type != OpType::kJoin;
+    const bool cacheable = config_.cache_capacity > 0 && e.request.type != OpType::kJoin &&
+                           e.request.type != OpType::kAddProcessSet &&
+                           e.request.type != OpType::kRemoveProcessSet;
     a.cache_id = cacheable ? rank_cache_.lookup(RankCache::key(e.request)) : -1;
     if (e.request.type == OpType::kJoin) joined_ = true;
     a.request = e.request;
@@ -322,13 +354,13 @@ void Engine::takeSubmissions() {
     // copies: worth it while that traffic stays below the threshold.
     const bool reduces = e.request.type == OpType::kAllreduce ||
                          e.request.type == OpType::kReducescatter;
-    if (reduces && topology_.size > 1 &&
-        e.request.numBytes() * (topology_.size - 1) <= config_.inline_threshold) {
+    if (reduces && set_size > 1 &&
+        e.request.numBytes() * (set_size - 1) <= config_.inline_threshold) {
       a.has_inline = true;
       a.inline_data.assign(static_cast<const char*>(e.input), e.request.numBytes());
     }
     arrivals.push_back(std::move(a));
-    pending_.emplace(name, std::move(e));
+    pending_.emplace(key, std::move(e));
   }
   if (coordinator_) {
     for (auto& a : arrivals) arrive(std::move(a));
@@ -345,12 +377,14 @@ void Engine::arrive(Arrival a) {
   }
   const int rank = a.rank;
   const std::string name = a.request.name;
+  const int32_t a_process_set = a.request.process_set;
   std::string error = coordinator_->add(std::move(a));
   if (error.empty()) return;
   if (rank != topology_.rank) throw std::runtime_error("rank " + std::to_string(rank) + ": " + error);
   Response r;
   r.kind = Response::kError;
   r.names = {name};
+  r.process_set = a_process_set;
   r.cache_ids = {-1};
   r.error = error;
   run(r);
@@ -438,12 +472,15 @@ Entry phantomEntry(const Request& request) {
 }  // namespace
 
 void Engine::run(const Response& response) {
+  auto set = runtimes_.find(response.process_set);
+  if (set == runtimes_.end()) return;  // another set's op: nothing for us to do
+  SetRuntime& rt = set->second;  // a reference stays valid if openProcessSet rehashes
   std::vector<Entry*> entries;
   std::vector<Entry> phantoms;
   phantoms.reserve(response.names.size());
   for (size_t i = 0; i < response.names.size(); ++i) {
     const std::string& name = response.names[i];
-    auto it = pending_.find(name);
+    auto it = pending_.find(tableKey(response.process_set, name));
     if (it != pending_.end()) {
       entries.push_back(&it->second);
     } else if (joined_ && response.kind != Response::kExecute) {
@@ -468,7 +505,8 @@ void Engine::run(const Response& response) {
     case Response::kInline:
       if (response.type == OpType::kReducescatter) {
         const Request& q = entries[0]->request;
-        const RowSlice mine = reducescatterSlice(q.shape[0], topology_.size, topology_.rank);
+        const RowSlice mine =
+            reducescatterSlice(q.shape[0], static_cast<int>(rt.ranks.size()), rt.index);
         const size_t row_bytes = static_cast<size_t>(q.rowElements()) * dataTypeSize(q.dtype);
         void* out = entries[0]->allocate(mine.rows);
         std::memcpy(out, response.inline_result.data() + mine.offset * row_bytes,
@@ -479,10 +517,19 @@ void Engine::run(const Response& response) {
       }
       break;
     case Response::kDone:
+      if (response.type == OpType::kAddProcessSet) {
+        const int32_t id = static_cast<int32_t>(response.first_dims.at(0).at(0));
+        openProcessSet(id, entries[0]->request.splits);
+        entries[0]->work->setFirstDims({id});
+      } else if (response.type == OpType::kRemoveProcessSet) {
+        const int32_t id = static_cast<int32_t>(entries[0]->request.splits.at(0));
+        process_sets_.remove(id);
+        runtimes_.erase(id);
+      }
       break;
     case Response::kExecute:
       try {
-        executor_.execute(response, entries);
+        rt.executor.execute(response, entries);
       } catch (const std::exception& e) {
         std::string why = diagnosePeerFailure();
         throw std::runtime_error(std::string(opTypeName(response.type)) + " '" + response.names[0] +
@@ -498,7 +545,7 @@ void Engine::run(const Response& response) {
       rank_cache_.remember(RankCache::key(e->request), response.cache_ids[i]);
     }
     e->work->complete(status);
-    pending_.erase(response.names[i]);
+    pending_.erase(tableKey(response.process_set, response.names[i]));
   }
 }
 
@@ -514,9 +561,12 @@ void Engine::checkStalls() {
   for (const auto& w : coordinator_->waiting()) {
     if (w.waited < config_.stall_warning) continue;
     const long secs = std::chrono::duration_cast<std::chrono::seconds>(w.waited).count();
-    report << "\n  '" << w.name << "' waited " << secs << " s for ranks " << joinRanks(w.missing_ranks);
-    brief << (warn ? "; " : " ") << "'" << w.name << "' waited " << secs << " s for ranks "
-          << joinRanks(w.missing_ranks);
+    const std::string what =
+        "'" + w.name + "'" +
+        (w.process_set ? " (process set " + std::to_string(w.process_set) + ")" : "");
+    report << "\n  " << what << " waited " << secs << " s for ranks " << rankList(w.missing_ranks);
+    brief << (warn ? "; " : " ") << what << " waited " << secs << " s for ranks "
+          << rankList(w.missing_ranks);
     warn = true;
     fatal = fatal || (config_.stall_shutdown.count() > 0 && w.waited >= config_.stall_shutdown);
   }

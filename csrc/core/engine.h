@@ -31,6 +31,7 @@
 #include "entry.h"
 #include "executor.h"
 #include "frame_socket.h"
+#include "process_sets.h"
 #include "response_cache.h"
 #include "store_client.h"
 #include "topology.h"
@@ -56,6 +57,8 @@ class Engine {
   const Topology& topology() const { return topology_; }
   const char* backendName() const { return backend_ ? backend_->name() : "local"; }
   const EngineConfig& config() const { return config_; }
+  // Every registered process set (any thread may read it).
+  const ProcessSetTable& processSets() const { return process_sets_; }
 
  private:
   Engine(const Topology& topology, const EngineConfig& config);
@@ -73,6 +76,8 @@ class Engine {
   void dispatch(std::vector<Response> responses);
   void run(const Response& response);
   void fail(const Status& status);
+  // A kAddProcessSet response: members connect a backend of their own for it.
+  void openProcessSet(int32_t id, const std::vector<int64_t>& ranks);
   void arrive(Arrival arrival);  // rank 0: hand one arrival to the coordinator
   std::string diagnosePeerFailure();
   std::string encodeArrivals(const std::vector<Arrival>& arrivals) const;
@@ -80,8 +85,19 @@ class Engine {
   const Topology topology_;
   const EngineConfig config_;
   std::unique_ptr<StoreClient> store_;
-  std::unique_ptr<Backend> backend_;
-  Executor executor_{nullptr, 1};
+  std::unique_ptr<Backend> backend_;  // the global set's
+  BackendFactory make_backend_;
+  std::string prefix_;  // this rendezvous' store keys
+  ProcessSetTable process_sets_;
+
+  // A process set this rank is in, as the background thread runs it.
+  struct SetRuntime {
+    std::vector<int> ranks;            // global ranks, ascending
+    int index = 0;                     // this rank's position in ranks
+    std::unique_ptr<Backend> backend;  // its own Gloo context (null: global set or one rank)
+    Executor executor{nullptr, 1};
+  };
+  std::unordered_map<int32_t, SetRuntime> runtimes_;  // background thread only
 
   // Submission queue: the only state shared with user threads.
   std::mutex mu_;
@@ -92,7 +108,7 @@ class Engine {
   std::thread thread_;
 
   // Background thread state.
-  std::unordered_map<std::string, Entry> pending_;  // by name
+  std::unordered_map<std::string, Entry> pending_;  // by tableKey(process set, name)
   RankCache rank_cache_;
   bool joined_ = false;  // this rank called join() and waits for the others
   std::unique_ptr<Coordinator> coordinator_;           // rank 0 only

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "process_sets.h"
 #include "reduce.h"
 
 namespace hvd {
@@ -147,8 +148,11 @@ void Executor::broadcast(Entry& e) {
   const size_t bytes = e.request.numBytes();
   if (e.output != e.input) std::memcpy(e.output, e.input, bytes);
   if (backend_ != nullptr && size_ > 1 && bytes > 0) {
+    // root_rank is a global rank (Horovod's convention); the backend counts
+    // positions in the set.
+    const int root = ranks_.empty() ? e.request.root_rank : indexIn(ranks_, e.request.root_rank);
     backend_->broadcast(e.output, static_cast<size_t>(e.request.numElements()), e.request.dtype,
-                        e.request.root_rank);
+                        root);
   }
 }
 

@@ -14,8 +14,11 @@ namespace hvd {
 
 class Executor {
  public:
-  // backend may be null when size == 1 (everything is local).
-  Executor(Backend* backend, int size, int rank = 0) : backend_(backend), size_(size), rank_(rank) {}
+  // backend may be null when size == 1 (everything is local). rank is this
+  // rank's position in the process set whose global ranks are `ranks`
+  // (empty: the global set, where positions are the global ranks).
+  Executor(Backend* backend, int size, int rank = 0, std::vector<int> ranks = {})
+      : backend_(backend), size_(size), rank_(rank), ranks_(std::move(ranks)) {}
 
   // Throws what the backend throws (a peer failure).
   void execute(const Response& response, const std::vector<Entry*>& entries);
@@ -30,6 +33,7 @@ class Executor {
   Backend* backend_;
   int size_;
   int rank_;
+  std::vector<int> ranks_;
   std::vector<char> fusion_buffer_;
 };
 

@@ -74,6 +74,7 @@ void Response::encode(Writer& w) const {
   w.put<uint8_t>(static_cast<uint8_t>(type));
   w.put<uint32_t>(static_cast<uint32_t>(names.size()));
   for (const auto& n : names) w.putString(n);
+  w.put<int32_t>(process_set);
   w.put<uint32_t>(static_cast<uint32_t>(first_dims.size()));
   for (const auto& dims : first_dims) {
     w.put<uint32_t>(static_cast<uint32_t>(dims.size()));
@@ -94,6 +95,7 @@ Response Response::decode(Reader& r) {
   p.type = static_cast<OpType>(r.get<uint8_t>());
   p.names.resize(r.getCount(sizeof(uint32_t)));
   for (auto& n : p.names) n = r.getString();
+  p.process_set = r.get<int32_t>();
   p.first_dims.resize(r.getCount(sizeof(uint32_t)));
   for (auto& dims : p.first_dims) {
     dims.resize(r.getCount(sizeof(int64_t)));
@@ -107,6 +109,12 @@ Response Response::decode(Reader& r) {
   p.templates.resize(r.getCount(1));
   for (auto& q : p.templates) q = Request::decode(r);
   return p;
+}
+
+std::string tableKey(int32_t process_set, const std::string& name) {
+  // The global set keeps bare names, so jobs without process sets see no change.
+  if (process_set == 0) return name;
+  return std::to_string(process_set) + "|" + name;
 }
 
 }  // namespace hvd

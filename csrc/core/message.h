@@ -23,6 +23,7 @@ struct Request {
   std::string name;
   std::vector<int64_t> shape;
   // Alltoall: rows of the first dimension this rank sends to each rank.
+  // kAddProcessSet: the new set's global ranks. kRemoveProcessSet: {id}.
   std::vector<int64_t> splits;
   // Grouped ops: members of one group are negotiated and run as a unit.
   std::string group;       // empty: not grouped
@@ -50,8 +51,11 @@ struct Response {
   Kind kind = kExecute;
   OpType type = OpType::kAllreduce;
   std::vector<std::string> names;
+  // The process set the names belong to: ranks outside it skip the response.
+  int32_t process_set = 0;
   // Allgather: first dimension of each rank's tensor, per name (names x ranks).
   // Alltoall: every rank's splits, row-major (ranks x ranks), per name.
+  // kAddProcessSet: {{the new set's id}}.
   std::vector<std::vector<int64_t>> first_dims;
   // Cache slot the coordinator assigned to each name (-1 = not cached).
   std::vector<int32_t> cache_ids;
@@ -66,5 +70,9 @@ struct Response {
   void encode(Writer& w) const;
   static Response decode(Reader& r);
 };
+
+// Ranks may use one name in two process sets at once: tables keyed by name
+// (in flight on a rank, waiting at the coordinator) use this key.
+std::string tableKey(int32_t process_set, const std::string& name);
 
 }  // namespace hvd

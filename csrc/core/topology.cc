@@ -56,6 +56,7 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.store_host = envString("HOROVOD_GLOO_RENDEZVOUS_ADDR", "");
   c.store_port = static_cast<int>(envInt("HOROVOD_GLOO_RENDEZVOUS_PORT", 0));
   c.secret = hexDecode(envString("HOROVOD_SECRET_KEY", ""));
+  c.rendezvous_scope = envString("HVD_TORCH_RENDEZVOUS_SCOPE", "");
   c.fusion_threshold = static_cast<size_t>(envInt("HOROVOD_FUSION_THRESHOLD", 64 << 20));
   c.cache_capacity = static_cast<size_t>(envInt("HOROVOD_CACHE_CAPACITY", 1024));
   c.inline_threshold = static_cast<size_t>(envInt("HVD_TORCH_INLINE_THRESHOLD", 1 << 20));

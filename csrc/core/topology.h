@@ -25,6 +25,11 @@ struct EngineConfig {
   std::string store_host;  // empty: no store (size 1 only)
   int store_port = 0;
   std::string secret;      // raw bytes
+  // Store keys of this rendezvous live under "hvd/<scope>/". Empty: a
+  // per-process init() counter. Elastic drivers set one scope per round
+  // (HVD_TORCH_RENDEZVOUS_SCOPE), since a fresh worker's counter starts at 0
+  // while survivors' counters do not.
+  std::string rendezvous_scope;
   size_t fusion_threshold = 64 << 20;        // HOROVOD_FUSION_THRESHOLD
   size_t cache_capacity = 1024;              // HOROVOD_CACHE_CAPACITY (0 disables)
   // Allreduces whose bytes x (size - 1) fit go through rank 0 with the

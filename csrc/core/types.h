@@ -40,6 +40,10 @@ enum class OpType : uint8_t {
   kAlltoall = 4,
   kReducescatter = 5,
   kJoin = 6,
+  // Registry changes, negotiated over the global set like any op so that
+  // every rank applies them at the same point of the one execution order.
+  kAddProcessSet = 7,
+  kRemoveProcessSet = 8,
 };
 
 // Reducescatter's split of the first dimension (Horovod's rule): every rank

@@ -55,6 +55,24 @@ PYBIND11_MODULE(_C, m) {
     auto engine = currentEngine();
     return std::string(engine ? engine->backendName() : "");
   });
+  // Process sets: the registry lives in the engine; Python keeps the objects.
+  m.def("add_process_set", [](const std::vector<int64_t>& ranks) {
+    pybind11::gil_scoped_release no_gil;  // a collective: waits for every rank
+    return hvd::torch_layer::addProcessSet(ranks);
+  });
+  m.def("remove_process_set", [](int64_t id) {
+    pybind11::gil_scoped_release no_gil;
+    hvd::torch_layer::removeProcessSet(id);
+  });
+  m.def("process_set_rank", &hvd::torch_layer::processSetRank);
+  m.def("process_set_size", &hvd::torch_layer::processSetSize);
+  m.def("process_set_ranks", [](int64_t id) {
+    auto engine = currentEngine();
+    std::vector<int> ranks;
+    if (engine == nullptr || !engine->processSets().find(static_cast<int32_t>(id), &ranks))
+      return pybind11::object(pybind11::none());
+    return pybind11::object(pybind11::cast(ranks));
+  });
   m.def("gloo_library_path", &hvd::glooLibraryPath);
   m.def("gloo_built", [] { return true; });
   m.def("nccl_built", [] { return false; });

@@ -13,7 +13,10 @@ namespace torch_layer {
 
 namespace {
 
-std::atomic<int64_t> name_counter{0};
+// Unnamed ops count per process set: ranks outside a set must not advance
+// the counter the set's members use, or their later global ops' names differ.
+std::mutex names_mu;
+std::unordered_map<int64_t, int64_t> name_counters;
 
 std::mutex handles_mu;
 std::unordered_map<int64_t, Pending> handles;
@@ -23,9 +26,21 @@ int64_t next_handle = 1;
 // layer can raise HorovodInternalError (elastic training retries on it).
 constexpr const char* kInternalErrorPrefix = "HorovodInternalError: ";
 
-void checkProcessSet(int64_t process_set, const char* op) {
-  TORCH_CHECK(process_set == 0, "hvd_torch.", op, ": process set ", process_set,
-              " does not exist; only the global process set (0) is supported so far");
+// The set's ranks; a clear error when it does not exist or lacks this rank.
+std::vector<int> requireMember(const Engine& engine, int64_t process_set, const char* op,
+                               const std::string& name) {
+  std::vector<int> ranks;
+  if (!engine.processSets().find(static_cast<int32_t>(process_set), &ranks)) {
+    std::vector<int> ids;
+    for (int32_t id : engine.processSets().ids()) ids.push_back(id);
+    TORCH_CHECK(false, "hvd_torch.", op, " '", name, "': process set ", process_set,
+                " does not exist (registered: ", rankList(ids),
+                "); register it with hvd.add_process_set() on every rank first");
+  }
+  TORCH_CHECK(indexIn(ranks, engine.topology().rank) >= 0, "hvd_torch.", op, " '", name,
+              "': rank ", engine.topology().rank, " is not in process set ", process_set,
+              " (ranks ", rankList(ranks), ")");
+  return ranks;
 }
 
 at::Tensor contiguousCpu(const at::Tensor& t, const char* op, const std::string& name) {
@@ -77,15 +92,29 @@ DataType toDataType(const at::Tensor& t, const char* op, const std::string& name
   }
 }
 
-std::string opName(const char* op, const std::string& name) {
+std::string opName(const char* op, const std::string& name, int64_t process_set) {
   // A user's name is negotiated as given (not prefixed with the op, unlike
   // Horovod), so ranks that run different ops under one name get a clear
   // "mismatched operations" error instead of waiting for each other forever.
   if (!name.empty()) return name;
-  return std::string(op) + ".noname." + std::to_string(name_counter.fetch_add(1));
+  std::lock_guard<std::mutex> lock(names_mu);
+  return std::string(op) + ".noname." + std::to_string(name_counters[process_set]++);
 }
 
-void resetNameCounter() { name_counter = 0; }
+void resetNameCounter() {
+  std::lock_guard<std::mutex> lock(names_mu);
+  name_counters.clear();
+}
+
+int64_t processSetRank(int64_t process_set) {
+  auto engine = requireEngine("process set rank");
+  return indexIn(requireMember(*engine, process_set, "process set", ""), engine->topology().rank);
+}
+
+int64_t processSetSize(int64_t process_set) {
+  auto engine = requireEngine("process set size");
+  return static_cast<int64_t>(requireMember(*engine, process_set, "process set", "").size());
+}
 
 int64_t addHandle(Pending pending) {
   std::lock_guard<std::mutex> lock(handles_mu);
@@ -195,8 +224,8 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::stri
                         int64_t op, double prescale, double postscale, int64_t process_set,
                         const GroupTag* group) {
   auto engine = requireEngine("allreduce");
-  const std::string name = opName("allreduce", user_name);
-  checkProcessSet(process_set, "allreduce");
+  const std::string name = opName("allreduce", user_name, process_set);
+  const std::vector<int> members = requireMember(*engine, process_set, "allreduce", name);
   DataType dtype = toDataType(tensor, "allreduce", name);
   TORCH_CHECK(op == 0 || op == 1 || (op >= 3 && op <= 5), "hvd_torch.allreduce '", name,
               "': unsupported reduce op ", op,
@@ -218,8 +247,8 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::stri
 int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
                         int64_t process_set, const GroupTag* group) {
   auto engine = requireEngine("allgather");
-  const std::string name = opName("allgather", user_name);
-  checkProcessSet(process_set, "allgather");
+  const std::string name = opName("allgather", user_name, process_set);
+  const std::vector<int> members = requireMember(*engine, process_set, "allgather", name);
   DataType dtype = toDataType(tensor, "allgather", name);
   // A 0-d tensor gathers as one row per rank, like Horovod.
   at::Tensor input = contiguousCpu(tensor.dim() == 0 ? tensor.reshape({1}) : tensor, "allgather", name);
@@ -233,12 +262,16 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
 int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
                         const std::string& user_name, int64_t process_set) {
   auto engine = requireEngine("broadcast");
-  const std::string name = opName("broadcast", user_name);
-  checkProcessSet(process_set, "broadcast");
+  const std::string name = opName("broadcast", user_name, process_set);
+  const std::vector<int> members = requireMember(*engine, process_set, "broadcast", name);
   DataType dtype = toDataType(tensor, "broadcast", name);
   const int size = engine->topology().size;
   TORCH_CHECK(root_rank >= 0 && root_rank < size, "hvd_torch.broadcast '", name, "': root_rank ",
               root_rank, " is out of range for ", size, " ranks");
+  // Horovod's convention: root_rank is a global rank, which must be in the set.
+  TORCH_CHECK(indexIn(members, static_cast<int>(root_rank)) >= 0, "hvd_torch.broadcast '", name,
+              "': root_rank ", root_rank, " is not in process set ", process_set, " (ranks ",
+              rankList(members), ")");
   at::Tensor input = contiguousCpu(tensor, "broadcast", name);
   Entry e;
   Pending p;
@@ -251,12 +284,13 @@ int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_ra
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
                        const std::string& user_name, int64_t process_set) {
   auto engine = requireEngine("alltoall");
-  const std::string name = opName("alltoall", user_name);
-  checkProcessSet(process_set, "alltoall");
+  const std::string name = opName("alltoall", user_name, process_set);
+  const std::vector<int> members = requireMember(*engine, process_set, "alltoall", name);
   DataType dtype = toDataType(tensor, "alltoall", name);
   TORCH_CHECK(tensor.dim() >= 1, "hvd_torch.alltoall '", name,
               "': the tensor needs at least one dimension to split");
-  const int size = engine->topology().size;
+  // Splits count the ranks of the process set.
+  const int size = static_cast<int>(members.size());
   const int64_t rows = tensor.size(0);
   std::vector<int64_t> send;
   if (splits.has_value() && splits->defined()) {
@@ -291,8 +325,8 @@ int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_na
                             double prescale, double postscale, int64_t process_set,
                             const GroupTag* group) {
   auto engine = requireEngine("reducescatter");
-  const std::string name = opName("reducescatter", user_name);
-  checkProcessSet(process_set, "reducescatter");
+  const std::string name = opName("reducescatter", user_name, process_set);
+  const std::vector<int> members = requireMember(*engine, process_set, "reducescatter", name);
   DataType dtype = toDataType(tensor, "reducescatter", name);
   TORCH_CHECK(op == 0 || op == 1, "hvd_torch.reducescatter '", name, "': unsupported reduce op ",
               op, " (Average=0 and Sum=1 are supported, as in Horovod)");
@@ -328,7 +362,9 @@ std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>
     TORCH_CHECK(kind != GroupedKind::kReducescatter || tensors[i].dim() >= 1, "hvd_torch.", what,
                 " '", member, "': the tensor needs at least one dimension to scatter");
   }
-  GroupTag group{opName(what, name), static_cast<int32_t>(tensors.size())};
+  auto engine = requireEngine(what);
+  requireMember(*engine, process_set, what, name);
+  GroupTag group{opName(what, name, process_set), static_cast<int32_t>(tensors.size())};
   std::vector<int64_t> handles;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string member = name.empty() ? "" : name + "." + std::to_string(i);
@@ -365,15 +401,43 @@ int64_t joinAndWait() {
 
 int64_t submitBarrier(int64_t process_set) {
   auto engine = requireEngine("barrier");
-  checkProcessSet(process_set, "barrier");
+  requireMember(*engine, process_set, "barrier", "");
   Entry e;
   e.request.type = OpType::kBarrier;
   e.request.dtype = DataType::kUInt8;
-  e.request.name = opName("barrier", "");
+  e.request.name = opName("barrier", "", process_set);
   e.request.process_set = static_cast<int32_t>(process_set);
   Pending p;
   p.result = at::zeros({}, at::kLong);
   return enqueue(*engine, std::move(e), std::move(p));
+}
+
+namespace {
+
+// Registry changes run on the global set like an op, and wait for it.
+std::vector<int64_t> changeProcessSets(OpType type, const char* what,
+                                       std::vector<int64_t> argument) {
+  auto engine = requireEngine(what);
+  Entry e;
+  e.request.type = type;
+  e.request.dtype = DataType::kUInt8;
+  e.request.name = opName(what, "", 0);
+  e.request.splits = std::move(argument);
+  Pending p;
+  p.result = at::zeros({}, at::kLong);
+  Pending done;
+  waitHandle(enqueue(*engine, std::move(e), std::move(p)), &done);
+  return done.work->firstDims();
+}
+
+}  // namespace
+
+int64_t addProcessSet(const std::vector<int64_t>& ranks) {
+  return changeProcessSets(OpType::kAddProcessSet, "add_process_set", ranks).at(0);
+}
+
+void removeProcessSet(int64_t id) {
+  changeProcessSets(OpType::kRemoveProcessSet, "remove_process_set", {id});
 }
 
 }  // namespace torch_layer

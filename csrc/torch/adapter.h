@@ -19,10 +19,18 @@ std::shared_ptr<Engine> requireEngine(const char* op);
 
 DataType toDataType(const at::Tensor& t, const char* op, const std::string& name);
 
-// The user's name, or "allreduce.noname.<n>" with a per-process counter
+// The user's name, or "allreduce.noname.<n>" with a counter per process set
 // (Horovod's rule: ranks that submit unnamed ops in the same order match).
-std::string opName(const char* op, const std::string& name);
+std::string opName(const char* op, const std::string& name, int64_t process_set);
 void resetNameCounter();
+
+// This rank's position in a process set, and the set's size; a clear error
+// when the set does not exist or does not contain this rank.
+int64_t processSetRank(int64_t process_set);
+int64_t processSetSize(int64_t process_set);
+// Collective over every rank (same ranks, same order on each): returns the new id.
+int64_t addProcessSet(const std::vector<int64_t>& ranks);
+void removeProcessSet(int64_t id);
 
 // What synchronize() needs to finish an async op.
 struct Pending {

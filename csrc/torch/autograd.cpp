@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include "../core/engine_registry.h"
+#include "adapter.h"
 
 namespace hvd {
 namespace torch_layer {
@@ -97,7 +98,7 @@ class AllgatherFunction : public torch::autograd::Function<AllgatherFunction> {
     at::Tensor summed = callAllreduce(grads[0], "", kSum, 1.0, 1.0, ps);
     // Ranks may contribute different row counts: gather them to find ours.
     at::Tensor counts = callAllgather(at::full({1}, rows, at::kLong), "", ps);
-    const int64_t rank = currentEngine()->topology().rank;
+    const int64_t rank = processSetRank(ps);
     const int64_t offset = counts.narrow(0, 0, rank).sum().item<int64_t>();
     at::Tensor g = summed.narrow(0, offset, rows);
     if (ctx->saved_data["scalar"].toBool()) g = g.reshape({});
@@ -116,6 +117,7 @@ class BroadcastFunction : public torch::autograd::Function<BroadcastFunction> {
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     at::Tensor g = callAllreduce(grads[0], "", kSum, 1.0, 1.0, ctx->saved_data["ps"].toInt());
+    // root is a global rank, also in a process set (Horovod's convention).
     if (currentEngine()->topology().rank != ctx->saved_data["root"].toInt()) g = g.zero_();
     return {g, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -125,7 +127,7 @@ class ReducescatterFunction : public torch::autograd::Function<ReducescatterFunc
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& t, c10::string_view name,
                             int64_t op, double pre, double post, int64_t ps) {
-    ctx->saved_data["scale"] = pre * post / (op == 0 ? currentEngine()->topology().size : 1);
+    ctx->saved_data["scale"] = pre * post / (op == 0 ? processSetSize(ps) : 1);
     ctx->saved_data["ps"] = ps;
     static auto handle = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("hvd_torch::reducescatter", "")
@@ -197,7 +199,7 @@ class GroupedReducescatterFunction
  public:
   static tensor_list forward(AutogradContext* ctx, at::TensorList ts, c10::string_view name,
                              int64_t op, double pre, double post, int64_t ps) {
-    ctx->saved_data["scale"] = pre * post / (op == 0 ? currentEngine()->topology().size : 1);
+    ctx->saved_data["scale"] = pre * post / (op == 0 ? processSetSize(ps) : 1);
     ctx->saved_data["ps"] = ps;
     at::AutoDispatchBelowADInplaceOrView guard;
     return callGrouped("hvd_torch::grouped_reducescatter", ts, name, op, pre, post, ps);
@@ -232,7 +234,7 @@ class GroupedAllgatherFunction : public torch::autograd::Function<GroupedAllgath
     // Every rank's row count per member, to find where this rank's rows start.
     at::Tensor mine = at::tensor(rows, at::kLong).view({1, static_cast<int64_t>(rows.size())});
     at::Tensor all = callAllgather(mine, "", ps);
-    const int64_t rank = currentEngine()->topology().rank;
+    const int64_t rank = processSetRank(ps);
     std::vector<at::Tensor> out;
     for (size_t i = 0; i < rows.size(); ++i) {
       const int64_t offset = all.narrow(0, 0, rank).select(1, static_cast<int64_t>(i)).sum().item<int64_t>();

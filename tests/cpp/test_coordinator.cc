@@ -230,14 +230,6 @@ TEST(mismatched_op_type_names_each_rank) {
   CHECK(contains(r.error, "rank 1 broadcast"));
 }
 
-TEST(mismatched_process_set_names_each_rank) {
-  Response r = negotiateOne(2, req("t"), [](int rank, Request& q) { q.process_set = rank; });
-  CHECK_EQ(r.kind, Response::kError);
-  CHECK(contains(r.error, "'t'"));
-  CHECK(contains(r.error, "rank 0 0"));
-  CHECK(contains(r.error, "rank 1 1"));
-}
-
 TEST(error_responses_take_no_cache_slot_and_the_name_is_free_again) {
   Coordinator c(2, kNoFusion, 16);
   c.add(arrive(0, req("t", {4})));
@@ -556,6 +548,102 @@ TEST(group_fails_as_a_unit_when_one_member_is_invalid) {
     CHECK(resp.error.find("group 'g1' failed") != std::string::npos);
     CHECK(resp.error.find("mismatched shapes") != std::string::npos);
   }
+}
+
+namespace {
+
+// Registers `ranks` as a process set through negotiation; returns its id.
+int32_t addSet(Coordinator& c, int size, const std::vector<int64_t>& ranks, const char* name) {
+  Request q = req(name, {}, DataType::kUInt8, OpType::kAddProcessSet);
+  q.splits = ranks;
+  for (int r = 0; r < size; ++r) CHECK_EQ(c.add(arrive(r, q)), "");
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u) || !CHECK_EQ(out[0].kind, Response::kDone)) return -1;
+  return static_cast<int32_t>(out[0].first_dims.at(0).at(0));
+}
+
+}  // namespace
+
+TEST(process_set_op_is_ready_when_its_members_submitted) {
+  Coordinator c(3, kNoFusion, 16);
+  const int32_t id = addSet(c, 3, {0, 2}, "add.0");
+  CHECK_EQ(id, 1);
+  Request q = req("g", {2, 3}, DataType::kFloat32, OpType::kAllgather);
+  q.process_set = id;
+  Request q0 = q;
+  q0.shape = {1, 3};
+  CHECK_EQ(c.add(arrive(0, q0)), "");
+  CHECK(c.takeReady().empty());
+  CHECK_EQ(c.add(arrive(2, q)), "");  // rank 1 is not in the set: not awaited
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kExecute);
+  CHECK_EQ(out[0].process_set, id);
+  CHECK_EQ(out[0].first_dims, (std::vector<std::vector<int64_t>>{{1, 2}}));
+}
+
+TEST(one_name_in_two_process_sets_are_two_ops) {
+  Coordinator c(4, kNoFusion, 16);
+  const int32_t even = addSet(c, 4, {0, 2}, "add.0");
+  const int32_t odd = addSet(c, 4, {1, 3}, "add.1");
+  for (int r = 0; r < 4; ++r) {
+    Request q = req("grad");
+    q.process_set = r % 2 == 0 ? even : odd;
+    CHECK_EQ(c.add(arrive(r, q)), "");
+  }
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 2u)) return;
+  CHECK_EQ(out[0].kind, Response::kExecute);
+  CHECK_EQ(out[1].kind, Response::kExecute);
+  CHECK(out[0].process_set != out[1].process_set);
+}
+
+TEST(arrival_from_outside_the_process_set_is_refused) {
+  Coordinator c(3, kNoFusion, 16);
+  const int32_t id = addSet(c, 3, {0, 2}, "add.0");
+  Request q = req("t");
+  q.process_set = id;
+  CHECK(contains(c.add(arrive(1, q)), "does not exist or does not contain it"));
+  q.process_set = 7;
+  CHECK(contains(c.add(arrive(0, q)), "does not exist"));
+}
+
+TEST(add_process_set_errors_name_the_ranks) {
+  Coordinator c(3, kNoFusion, 16);
+  Response r = negotiateOne(3, req("add", {}, DataType::kUInt8, OpType::kAddProcessSet),
+                            [](int rank, Request& q) { q.splits = {0, rank == 1 ? 2 : 1}; });
+  CHECK_EQ(r.kind, Response::kError);
+  CHECK(contains(r.error, "mismatched process set ranks"));
+  CHECK(contains(r.error, "rank 0 [0, 1]"));
+  CHECK(contains(r.error, "rank 1 [0, 2]"));
+  r = negotiateOne(2, req("add", {}, DataType::kUInt8, OpType::kAddProcessSet),
+                   [](int, Request& q) { q.splits = {0, 5}; });
+  CHECK(contains(r.error, "rank 5 is out of range for 2 ranks"));
+  r = negotiateOne(2, req("add", {}, DataType::kUInt8, OpType::kAddProcessSet),
+                   [](int, Request& q) { q.splits = {0, 1}; });
+  CHECK(contains(r.error, "process set 0 already has ranks [0, 1]"));
+}
+
+TEST(remove_process_set_refuses_while_ops_are_in_flight) {
+  Coordinator d(3, kNoFusion, 16);
+  const int32_t pair = addSet(d, 3, {0, 1}, "add.0");
+  Request op = req("slow");
+  op.process_set = pair;
+  CHECK_EQ(d.add(arrive(0, op)), "");  // rank 1 has not submitted it yet
+  Request rm = req("rm", {}, DataType::kUInt8, OpType::kRemoveProcessSet);
+  rm.splits = {pair};
+  for (int r = 0; r < 3; ++r) CHECK_EQ(d.add(arrive(r, rm)), "");
+  std::vector<Response> out = d.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kError);
+  CHECK(contains(out[0].error, "still has operations in flight ('slow')"));
+  CHECK_EQ(d.add(arrive(1, op)), "");
+  CHECK_EQ(d.takeReady().size(), 1u);
+  rm.name = "rm2";
+  for (int r = 0; r < 3; ++r) CHECK_EQ(d.add(arrive(r, rm)), "");
+  out = d.takeReady();
+  CHECK_EQ(out[0].kind, Response::kDone);
+  CHECK(contains(d.add(arrive(0, op)), "does not exist"));
 }
 
 int main() { return check::runAll(); }
