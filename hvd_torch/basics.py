@@ -48,6 +48,12 @@ def init(comm=None, process_sets=None):
                              "objects or 'dynamic'")
     if _C.is_initialized():
         return
+    if "HVD_TORCH_ELASTIC_WORKER_ID" in os.environ:
+        # An elastic worker's rank, size and rendezvous scope come from the driver,
+        # round by round (hvd_torch/elastic/worker_rendezvous.py).
+        from hvd_torch.elastic import worker_rendezvous
+
+        worker_rendezvous.join_round()
     _C.init()
     process_sets_module._after_init(process_sets)
 

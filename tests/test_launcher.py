@@ -198,9 +198,8 @@ def test_command_not_found(capsys, launch):
     [
         ["--mpi"], ["-hostfile", "hosts.txt"], ["--hostfile", "hosts.txt"], ["-p", "22"],
         ["--ssh-port", "22"], ["-i", "key"], ["--ssh-identity-file", "key"],
-        ["--network-interface", "eth0"], ["--min-np", "1"], ["--max-np", "4"],
-        ["--host-discovery-script", "x.sh"], ["--slots-per-host", "2"], ["--reset-limit", "1"],
-        ["--elastic-timeout", "5"], ["--tcp"], ["--timeline-filename", "t.json"],
+        ["--network-interface", "eth0"], ["--blacklist-cooldown-range", "10", "100"],
+        ["--tcp"], ["--timeline-filename", "t.json"],
         ["--output-filename", "out"], ["--log-level", "INFO"], ["--config-file", "c.yaml"],
         ["--jsm"], ["--mpi-args=-x FOO"], ["--disable-cache"], ["--fusion-threshold-mb", "32"],
     ],

@@ -31,6 +31,8 @@ __all__ = ["main"]
 PROG = "hvdrun"
 USAGE = f"""\
 usage: {PROG} -np N [-H localhost:N] [--gloo] [--verbose] [--start-timeout S] command [args...]
+       {PROG} [-np N] --min-np N [--max-np N] [--host-discovery-script S | -H HOSTS]
+              [--slots-per-host N] [--reset-limit N] [--elastic-timeout S] command [args...]
 
   -np, --num-proc N       number of ranks to start on this machine
   -H, --hosts HOSTS       host:slots list; only this machine is supported
@@ -40,15 +42,26 @@ usage: {PROG} -np N [-H localhost:N] [--gloo] [--verbose] [--start-timeout S] co
   --start-timeout S       seconds ranks may take to rendezvous
                           (passed to ranks as HOROVOD_START_TIMEOUT)
   -h, --help              show this help
+
+elastic mode (any of --min-np, --max-np, --host-discovery-script; docs/elastic.md):
+  --min-np N              fewest workers to train with (default: -np)
+  --max-np N              most workers to train with (default: every slot)
+  --host-discovery-script S  command printing one host[:slots] line per available
+                          host, run every second (default: the -H list, or
+                          localhost with -np slots)
+  --slots-per-host N      slots of a discovered host printed without :slots
+  --reset-limit N         end the job when a (N+1)-th reset would be needed
+  --elastic-timeout S     longest wait for --min-np slots or for workers to join
+                          a round (default 600)
+  Every worker runs on this machine: discovered host names are slot labels
+  (no ssh launching yet).
 """
 
 # horovodrun flags that we know and do not implement yet.
 _UNSUPPORTED = {
     "--mpi", "--jsm", "--mpi-args", "-hostfile", "--hostfile", "-p", "--ssh-port",
     "-i", "--ssh-identity-file", "--network-interface", "--network-interfaces",
-    "--min-np", "--min-num-proc", "--max-np", "--max-num-proc",
-    "--host-discovery-script", "--slots-per-host", "--slots", "--reset-limit",
-    "--elastic-timeout", "--blacklist-cooldown-range", "--tcp",
+    "--blacklist-cooldown-range", "--tcp",
     "--timeline-filename", "--timeline-mark-cycles", "--output-filename",
     "--log-level", "--log-with-timestamp", "--log-without-timestamp",
     "--log-hide-timestamp", "--prefix-output-with-timestamp", "--config-file",
@@ -71,6 +84,16 @@ _VALUED = {
     "-H": "hosts",
     "--hosts": "hosts",
     "--start-timeout": "start_timeout",
+    # elastic mode (parsed in elastic_launch.py)
+    "--min-np": "min_np",
+    "--min-num-proc": "min_np",
+    "--max-np": "max_np",
+    "--max-num-proc": "max_np",
+    "--host-discovery-script": "discovery_script",
+    "--slots-per-host": "slots_per_host",
+    "--slots": "slots_per_host",
+    "--reset-limit": "reset_limit",
+    "--elastic-timeout": "elastic_timeout",
 }
 _FLAGS = {"--gloo", "--verbose"}  # --gloo: we always are
 
@@ -86,10 +109,11 @@ class UsageError(Exception):
 
 @dataclasses.dataclass
 class Options:
-    num_proc: int
+    num_proc: int | None  # None only in elastic mode
     command: list[str]
     verbose: bool = False
     start_timeout: float | None = None
+    elastic: object | None = None  # elastic_launch.ElasticOptions in elastic mode
 
 
 # ---------------------------------------------------------------- arguments
@@ -126,21 +150,26 @@ def parse_args(argv: list[str]) -> Options | None:
         else:
             raise UsageError(f"unknown option {name} (not a horovodrun flag {PROG} supports)")
         i += 1
-    if "num_proc" not in values:
+    from .elastic_launch import parse_elastic_options
+
+    num_proc = None
+    if "num_proc" in values:
+        num_proc = _positive_int("-np/--num-proc", values["num_proc"])
+    elastic = parse_elastic_options(values, num_proc)
+    if num_proc is None and elastic is None:
         raise UsageError("-np/--num-proc is required")
-    num_proc = _positive_int("-np/--num-proc", values["num_proc"])
     start_timeout = None
     if "start_timeout" in values:
         start_timeout = _positive_float("--start-timeout", values["start_timeout"])
     command = argv[i:]
     if not command:
         raise UsageError("no command given to run")
-    if "hosts" in values:
+    if "hosts" in values and elastic is None:
         hosts = values["hosts"]
         slots = _local_slots(hosts)
         if slots < num_proc:
             raise UsageError(f"-np {num_proc} needs {num_proc} slots but -H {hosts} gives {slots}")
-    return Options(num_proc, command, "--verbose" in flags, start_timeout)
+    return Options(num_proc, command, "--verbose" in flags, start_timeout, elastic)
 
 
 def _positive_int(name: str, text: str) -> int:
@@ -284,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(opts: Options) -> int:
+    if opts.elastic is not None:
+        from .elastic_launch import run_elastic
+
+        return run_elastic(opts)
     received: list[int] = []
 
     def on_signal(signum, _frame):

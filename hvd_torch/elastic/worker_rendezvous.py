@@ -1,0 +1,159 @@
+"""The worker's side of the elastic round protocol: how a worker learns its rank, size
+and rendezvous scope from the driver, and how it tells the driver a round failed.
+
+The protocol is described at the top of hvd_torch/runner/elastic_driver.py.  In a
+worker started by an elastic driver (ENV_WORKER_ID is set), hvd.init() calls
+join_round() first: it waits for the driver to assign this worker a place in a round,
+and writes the assignment into os.environ (HOROVOD_RANK, HOROVOD_SIZE, ...,
+HVD_TORCH_RENDEZVOUS_SCOPE), which the engine reads at init.
+
+Threading: one process is one worker, so the worker's identity and the last round it
+was assigned in are process-wide (_WORKER), created on first use; they must outlive
+hvd.shutdown()/hvd.init().  Call these functions from the training thread only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from hvd_torch.runner import elastic_keys as keys
+from hvd_torch.runner.env import horovod_env
+from hvd_torch.runner.store import KVStoreClient, secret_from_hex
+
+__all__ = [
+    "RendezvousError",
+    "WorkerRendezvous",
+    "current_round",
+    "enabled",
+    "join_round",
+    "new_round_open",
+    "request_reset",
+]
+
+# How long one store wait lasts before the worker looks again at whether its round
+# was superseded or the job stopped.  The wait returns at once when the key appears,
+# so this bounds only how late a worker notices a superseded round.
+_SLICE = 0.5
+_DEFAULT_TIMEOUT = 630.0
+
+
+class RendezvousError(RuntimeError):
+    """No assignment came: the driver ended the job, or did not answer in time."""
+
+
+class WorkerRendezvous:
+    """One worker's conversation with the driver through the store."""
+
+    def __init__(self, client, worker_id: str, timeout: float):
+        self.client = client
+        self.worker_id = worker_id
+        self.timeout = timeout
+        self.round = 0  # the last round this worker was assigned in
+
+    def join(self) -> keys.Assignment:
+        """Blocks until the driver assigns this worker a place in a round newer than
+        the last one.  Raises SystemExit(0) when asked to leave, RendezvousError when
+        the job stops or after the timeout."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            self._check_stop()
+            newest = self.current_round()
+            if newest <= self.round:
+                self.client.wait([keys.open_key(self.round + 1)], self._slice(deadline))
+                continue
+            self.client.set(keys.join_key(newest, self.worker_id), str(os.getpid()))
+            key = keys.assign_key(newest, self.worker_id)
+            while self.client.wait([key], self._slice(deadline)):
+                self._check_stop()
+                if self.current_round() != newest:
+                    break  # superseded before it was assigned: join the newer one
+            else:
+                assignment = keys.decode_assignment(self.client.get(key, timeout=_SLICE))
+                self.round = newest
+                return assignment
+
+    def request_reset(self) -> None:
+        """Tells the driver that a collective of our round failed (a peer may have died
+        without the driver noticing yet, or the network failed)."""
+        if self.round > 0:
+            self.client.set(keys.reset_key(self.round, self.worker_id), "")
+
+    def current_round(self) -> int:
+        return int(self.client.get(keys.ROUND, timeout=_SLICE))
+
+    def _slice(self, deadline: float) -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RendezvousError(
+                f"elastic worker {self.worker_id}: no round assignment from the driver "
+                f"within {self.timeout:g}s (store {self.client.address})"
+            )
+        return min(_SLICE, remaining)
+
+    def _check_stop(self) -> None:
+        if self.client.check([keys.leave_key(self.worker_id)]):
+            reason = self.client.get(keys.leave_key(self.worker_id), timeout=_SLICE).decode()
+            sys.stderr.write(
+                f"hvd_torch.elastic: worker {self.worker_id} leaves the job ({reason})\n"
+            )
+            raise SystemExit(0)
+        if self.client.check([keys.STOP]):
+            success, reason = keys.decode_stop(self.client.get(keys.STOP, timeout=_SLICE))
+            if success:
+                raise SystemExit(0)  # the others finished without us: nothing to do
+            raise RendezvousError(f"the elastic driver ended the job: {reason}")
+
+
+_WORKER: WorkerRendezvous | None = None
+
+
+def enabled() -> bool:
+    """True in a worker started by an elastic driver."""
+    return keys.ENV_WORKER_ID in os.environ
+
+
+def _worker() -> WorkerRendezvous:
+    global _WORKER
+    if _WORKER is None:
+        env = os.environ
+        client = KVStoreClient(
+            env["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
+            int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
+            secret_from_hex(env["HOROVOD_SECRET_KEY"]),
+        )
+        timeout = float(env.get(keys.ENV_TIMEOUT, _DEFAULT_TIMEOUT))
+        _WORKER = WorkerRendezvous(client, env[keys.ENV_WORKER_ID], timeout)
+    return _WORKER
+
+
+def join_round() -> keys.Assignment:
+    """Joins the next round and puts its assignment in os.environ for the engine."""
+    worker = _worker()
+    a = worker.join()
+    env = os.environ
+    env.update(horovod_env(
+        a.rank, a.size, env["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
+        int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]), secret_from_hex(env["HOROVOD_SECRET_KEY"]),
+        local_rank=a.local_rank, local_size=a.local_size, cross_rank=a.cross_rank,
+        cross_size=a.cross_size, hostname=a.hostname,
+    ))  # fmt: skip
+    env["HVD_TORCH_RENDEZVOUS_SCOPE"] = keys.scope(a.round)
+    return a
+
+
+def request_reset() -> None:
+    if enabled():
+        _worker().request_reset()
+
+
+def current_round() -> int:
+    """The round this worker was last assigned in (0 before the first)."""
+    return _worker().round if enabled() else 0
+
+
+def new_round_open() -> bool:
+    """True when the driver opened a round newer than ours (membership will change)."""
+    worker = _worker()
+    return worker.current_round() > worker.round
