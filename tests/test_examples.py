@@ -4,7 +4,8 @@ examples/digits_train.py: trains, checkpoints, resumes from the checkpoint
 exactly (same weights as an uninterrupted run) and ignores it with --no-resume;
 examples/digits_train_scripted.py: the same with a TorchScript model;
 examples/synthetic_benchmark.py: reports local, hvd and ddp throughput;
-examples/digits_two_trials.py: two process sets train two models side by side.
+examples/digits_two_trials.py: two process sets train two models side by side;
+examples/digits_elastic.py: finishes under elastic hvdrun.
 """
 
 import json
@@ -129,3 +130,17 @@ def test_two_trials_in_process_sets():
     assert any(line.startswith("process set 1 (ranks [0, 2]): lr 0.1, test accuracy")
                and line.endswith("identical weights on its ranks") for line in lines), out
     assert any(line.startswith("process set 2 (ranks [1]): lr 0.01,") for line in lines), out
+
+
+def test_elastic_digits_under_elastic_hvdrun(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    cmd = [sys.executable, "-m", "hvd_torch.runner", "--min-np", "1", "--max-np", "2",
+           "--host-discovery-script", str(EXAMPLES / "discover_hosts.sh"),
+           sys.executable, str(EXAMPLES / "digits_elastic.py"), "--epochs", "2"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HVD_HOSTS_FILE=str(hosts))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout
+    assert "epoch 1: 2 workers, test accuracy" in proc.stdout, proc.stdout
+    assert "done (pid" in proc.stdout
