@@ -1,0 +1,22 @@
+"""The seed's two flows as scripts: examples/ray_stateless.py and
+examples/ray_stateful.py, joining this module's Ray with --address."""
+
+import pytest
+from ray_harness import no_leaks, ray_address, ray_module_fixture, run_example  # noqa: F401
+
+ray_session = ray_module_fixture(num_cpus=4)
+pytestmark = [pytest.mark.usefixtures("ray_session", "no_leaks"), pytest.mark.timeout(240)]
+
+
+def test_stateless_example():
+    out = run_example("ray_stateless.py", "--address", ray_address(), "--num-workers", "3")
+    assert "ranks [0, 1, 2] from 3 workers" in out
+
+
+def test_stateful_example():
+    out = run_example("ray_stateful.py", "--address", ray_address(), "--steps", "5")
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert [s.split(":")[0] for s in steps] == [f"step {i}/5" for i in range(1, 6)]
+    losses = [float(s.rsplit(" ", 1)[1]) for s in steps]
+    assert losses[-1] < losses[0]
+    assert "all 2 workers hold identical weights after 5 steps" in out
