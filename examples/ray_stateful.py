@@ -82,7 +82,8 @@ def main():
     if args.address:
         ray.init(address=args.address)
     else:
-        ray.init(num_cpus=max(os.cpu_count() or 1, args.num_workers), include_dashboard=False)
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, args.num_workers),
+                 include_dashboard=False)
 
     num_workers = args.num_workers
     settings = RayExecutor.create_settings(timeout_s=30)

@@ -31,7 +31,8 @@ if args.address:
     ray.init(address=args.address)
 else:
     # Logical CPUs: a laptop with 2 cores can still try 3 or 4 workers.
-    ray.init(num_cpus=max(os.cpu_count() or 1, args.num_workers), include_dashboard=False)
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, args.num_workers),
+             include_dashboard=False)
 
 # ---- Horovod's example, unchanged apart from the imports
 num_workers = args.num_workers

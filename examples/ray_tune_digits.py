@@ -81,7 +81,7 @@ def main():
     else:
         # Logical CPUs: enough for --concurrent trials of --num-workers workers.
         cpus = max(os.cpu_count() or 1, args.concurrent * args.num_workers)
-        ray.init(num_cpus=cpus, include_dashboard=False)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False)
 
     trainable = DistributedTrainableCreator(train_digits, num_workers=args.num_workers)
     tuner = tune.Tuner(

@@ -18,7 +18,7 @@ import weakref
 
 import torch
 
-from hvd_torch.basics import Adasum, Average, Max, Min, Product, Sum, size
+from hvd_torch.basics import Adasum, Average, Max, Min, Product, Sum
 from hvd_torch.compression import Compression, _CastCompressor
 from hvd_torch.ops import allreduce_async_, global_process_set, synchronize
 

@@ -14,6 +14,7 @@ import importlib
 
 _EXPORTS = {
     "DistributedTrainableCreator": ".tune",
+    "ElasticRayExecutor": ".elastic",
     "PlacementTimeoutError": ".placement",
     "RayExecutor": ".executor",
     "RaySettings": ".settings",
@@ -23,6 +24,7 @@ _EXPORTS = {
 
 __all__ = [
     "DistributedTrainableCreator",
+    "ElasticRayExecutor",
     "PlacementTimeoutError",
     "RayExecutor",
     "RaySettings",

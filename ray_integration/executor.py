@@ -43,7 +43,41 @@ class RayExecutor:
     gpus_per_worker (default 1) GPUs. use_current_placement_group: when called
     from inside a placement group (a Tune trial), put the workers in its last
     bundles instead of reserving a new group.
+
+    Elastic mode: with min_workers and/or max_workers, RayExecutor(...)
+    returns an ElasticRayExecutor (elastic.py) instead, which takes
+    reset_limit and elastic_timeout too and discovers its slots from the
+    cluster's nodes; num_workers, num_hosts and placement groups do not apply.
     """
+
+    def __new__(
+        cls,
+        settings: RaySettings | None = None,
+        *args,
+        min_workers: int | None = None,
+        max_workers: int | None = None,
+        reset_limit: int | None = None,
+        elastic_timeout: float | None = None,
+        **kwargs,
+    ):
+        if min_workers is None and max_workers is None:
+            if reset_limit is not None or elastic_timeout is not None:
+                raise ValueError(
+                    "reset_limit and elastic_timeout are for elastic jobs: give min_workers "
+                    "and/or max_workers"
+                )
+            return super().__new__(cls)
+        # Not a subclass, so Python will not call __init__ on what we return.
+        from .elastic import ElasticRayExecutor
+
+        return ElasticRayExecutor.from_ray_executor_args(
+            settings,
+            min_workers=min_workers,
+            max_workers=max_workers,
+            reset_limit=reset_limit,
+            elastic_timeout=elastic_timeout,
+            **_elastic_resources(*args, **kwargs),
+        )
 
     @classmethod
     def create_settings(
@@ -84,6 +118,11 @@ class RayExecutor:
         use_current_placement_group: bool = True,
         cpus_per_slot: float | None = None,
         gpus_per_slot: float | None = None,
+        *,
+        min_workers: None = None,  # always None here: see __new__
+        max_workers: None = None,
+        reset_limit: None = None,
+        elastic_timeout: None = None,
     ):
         self.settings = settings if settings is not None else RaySettings()
         cpus = cpus_per_slot if cpus_per_slot is not None else cpus_per_worker
@@ -296,6 +335,32 @@ class RayExecutor:
                     f"{p.slot.cross_rank}) on {p.describe()}{gpus}",
                     file=sys.stderr,
                 )
+
+
+def _elastic_resources(
+    num_workers: int | None = None,
+    num_hosts: int | None = None,
+    num_workers_per_host: int = 1,
+    cpus_per_worker: float = 1,
+    use_gpu: bool = False,
+    gpus_per_worker: float | None = None,
+    use_current_placement_group: bool = True,
+    cpus_per_slot: float | None = None,
+    gpus_per_slot: float | None = None,
+) -> dict:
+    """The elastic executor's share of RayExecutor's arguments (same order).
+    The size arguments are refused: min/max and the cluster decide it."""
+    if num_workers is not None or num_hosts is not None or num_workers_per_host != 1:
+        raise ValueError(
+            "an elastic RayExecutor (min_workers/max_workers) sizes itself from the cluster's "
+            "nodes: leave out num_workers, num_hosts and num_workers_per_host"
+        )
+    # use_current_placement_group has no meaning without a placement group.
+    return {
+        "cpus_per_worker": cpus_per_slot if cpus_per_slot is not None else cpus_per_worker,
+        "use_gpu": use_gpu,
+        "gpus_per_worker": gpus_per_slot if gpus_per_slot is not None else gpus_per_worker,
+    }
 
 
 def _name(fn) -> str:

@@ -160,7 +160,8 @@ class WorkerGroup:
                 if pending and deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(
                         f"{what}: {self._names([index[r] for r in pending], by_worker)} did not "
-                        f"finish within {timeout_s:g}s (settings timeout_s); every worker was stopped"
+                        f"finish within {timeout_s:g}s (settings timeout_s); every worker was "
+                        "stopped"
                     )
             self._deliver(callbacks)  # what rank 0 reported just before returning
         except BaseException as e:

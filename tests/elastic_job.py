@@ -103,6 +103,7 @@ def main():
         size=hvd.size(),
         weights=json.dumps(weights(model), separators=(",", ":")),
     )
+    return weights(model)  # for a caller that runs main() in-process (the Ray tests)
 
 
 def _commit(state, rank):

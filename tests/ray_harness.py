@@ -48,6 +48,9 @@ def start_local_ray(num_cpus: int, num_gpus: int = 0) -> None:
 
     with worker_pythonpath():
         ray.init(
+            # "local": a fresh instance, never a cluster some other process left
+            # running (ray.init() would join the newest one in /tmp/ray).
+            address="local",
             num_cpus=num_cpus,
             num_gpus=num_gpus,  # logical GPUs: Ray assigns ids, no device is touched
             include_dashboard=False,

@@ -1,4 +1,5 @@
-"""Grouped allreduce/allgather/reducescatter on 1, 2 and 3 ranks: values, async, gradients, all-or-none."""
+"""Grouped allreduce/allgather/reducescatter on 1, 2 and 3 ranks: values, async, gradients,
+all-or-none, every dtype."""
 
 import sys
 from pathlib import Path

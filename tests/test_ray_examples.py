@@ -1,5 +1,6 @@
-"""The seed's two flows as scripts: examples/ray_stateless.py and
-examples/ray_stateful.py, joining this module's Ray with --address."""
+"""The seed's two flows as scripts, examples/ray_stateless.py and
+examples/ray_stateful.py, and the elastic one, examples/ray_elastic.py,
+joining this module's Ray with --address."""
 
 import pytest
 from ray_harness import no_leaks, ray_address, ray_module_fixture, run_example  # noqa: F401
@@ -20,3 +21,14 @@ def test_stateful_example():
     losses = [float(s.rsplit(" ", 1)[1]) for s in steps]
     assert losses[-1] < losses[0]
     assert "all 2 workers hold identical weights after 5 steps" in out
+
+
+def test_elastic_example_survives_a_killed_worker():
+    out = run_example(
+        "ray_elastic.py", "--address", ray_address(), "--epochs", "3", "--kill-at-epoch", "0"
+    )
+    assert "killing worker" in out, out
+    epochs = [int(line.split(":")[0][6:]) for line in out.splitlines() if line.startswith("epoch ")]
+    # An epoch reports twice if the kill lands between its report and its commit.
+    assert epochs == sorted(epochs) and set(epochs) == {0, 1, 2}, out
+    assert "all 3 workers hold identical weights after 3 epochs (1 reset(s))" in out, out
