@@ -3,6 +3,7 @@ the optimizer, concurrent disjoint sets, and the errors a user can cause."""
 
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,7 +15,6 @@ from dist_harness import launch_once  # noqa: E402
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64]
-SLEEP = 3.0  # how long the odd set waits before its ops in the concurrency check
 
 
 def _error(fn):
@@ -111,14 +111,19 @@ def _rank_main():
         res["pair"] = (h1 and hvd.synchronize(h1), hvd.synchronize(h2))
         hvd.remove_process_set(pair)
     if n == 4:
-        # Disjoint sets run concurrently: the even set finishes its ops while
-        # the odd set has not started any.
+        # Disjoint sets run concurrently: the odd set submits nothing until the
+        # even set has finished its ops. Were one set's ops to wait for the
+        # other's, the flag would never appear.
+        flag = os.environ["PROCESS_SETS_TEST_FLAG"]
         if mine is odd:
-            time.sleep(SLEEP)
-        start = time.monotonic()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            res["even_finished_first"] = os.path.exists(flag)
         for i in range(30):
             hvd.allreduce(torch.ones(1000), name=f"busy.{i}", process_set=mine)
-        res["busy_seconds"] = time.monotonic() - start
+        if r == 0:
+            open(flag, "w").close()
     res.update(_errors(hvd, mine, other, r, n))
     res["removed"] = hvd.remove_process_set(even)
     res["even_after_remove"] = (even.process_set_id, even.ranks)
@@ -129,7 +134,8 @@ def _rank_main():
 
 def _launch(nranks):
     # A mistake here shows as a stall: fail fast, with the stall's names.
-    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "20"}
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "20",
+           "PROCESS_SETS_TEST_FLAG": os.path.join(tempfile.mkdtemp(), "even_set_done")}
     return launch_once(_rank_main, nranks, timeout=180, env=env)
 
 
@@ -209,9 +215,7 @@ def test_overlapping_sets():
 
 def test_disjoint_sets_run_concurrently():
     results = _launch(4)
-    for rank in (0, 2):
-        # 30 ops while the odd set sleeps: they did not wait for it.
-        assert results[rank]["busy_seconds"] < SLEEP / 2, results[rank]["busy_seconds"]
+    assert results[1]["even_finished_first"] and results[3]["even_finished_first"]
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
