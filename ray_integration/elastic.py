@@ -239,11 +239,21 @@ class ElasticRayExecutor:
             launcher.stop()
             store.stop()
             self._launcher = None
+        results = launcher.results()
         if code == 0:
-            return launcher.results()
+            return results
+        failure = launcher.last_failure()
+        if results:
+            # Horovod's rule: the job ends when one worker finishes training.
+            # A worker lost after that (a late ray.kill, a node gone) costs
+            # nothing that was trained; say so, and return what finished.
+            self._log(
+                f"{len(results)} worker(s) finished training; a later failure is not the "
+                f"job's: {failure.splitlines()[0] if failure else 'unknown'}"
+            )
+            return results
         if launcher.all_failed:
             reason = "every worker failed"
-        failure = launcher.last_failure()
         raise RuntimeError(
             f"elastic job failed: {_ray_names(reason)}"
             + (f"\nlast worker failure: {failure}" if failure else "")

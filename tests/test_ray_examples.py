@@ -27,7 +27,7 @@ def test_elastic_example_survives_a_killed_worker():
     out = run_example(
         "ray_elastic.py", "--address", ray_address(), "--epochs", "3", "--kill-at-epoch", "0"
     )
-    assert "killing worker" in out, out
+    assert "worker w1 (rank 0) dies after epoch 0" in out, out
     epochs = [int(line.split(":")[0][6:]) for line in out.splitlines() if line.startswith("epoch ")]
     # An epoch reports twice if the kill lands between its report and its commit.
     assert epochs == sorted(epochs) and set(epochs) == {0, 1, 2}, out
