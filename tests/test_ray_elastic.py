@@ -150,7 +150,9 @@ def test_killed_worker_actor_is_replaced_and_training_finishes(tmp_path):
     import elastic_job
 
     executor = _executor(reset_limit=3)
-    executor.start(extra_env_vars={**_ENV, "ELASTIC_JOB_STEP_SLEEP": "0.1"})
+    # Slow steps: ray.kill is asynchronous, and under load it has taken seconds
+    # to land; the job must still be training when it does.
+    executor.start(extra_env_vars={**_ENV, "ELASTIC_JOB_STEP_SLEEP": "0.3"})
     try:
         job = _Background(executor, _train_job, args=[str(tmp_path)])
         # Epoch 1, batch 2: one step past the commit after batch 1.
