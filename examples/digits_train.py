@@ -55,6 +55,8 @@ def parse_args(argv=None, checkpoint=DEFAULT_CHECKPOINT, description=None):
     p.add_argument("--warmup-epochs", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default=checkpoint, help="written by rank 0 every epoch")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: each rank trains on GPU local_rank %% visible GPUs")
     p.add_argument(
         "--resume",
         action=argparse.BooleanOptionalAction,
@@ -130,6 +132,7 @@ def train_epoch(model, optimizer, scheduler, loader, sampler, epoch, args):
         mininterval=1.0,
     )
     for x, y in bar:
+        x, y = x.to(args.device), y.to(args.device)
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()  # each gradient's allreduce starts here, from its hook
@@ -143,11 +146,12 @@ def train_epoch(model, optimizer, scheduler, loader, sampler, epoch, args):
 
 
 @torch.no_grad()
-def validate(model, loader):
+def validate(model, loader, device="cpu"):
     """This rank's accuracy on its shard, averaged over ranks."""
     model.eval()
     correct = total = 0
     for x, y in loader:
+        x, y = x.to(device), y.to(device)
         correct += (model(x).argmax(1) == y).sum().item()
         total += len(y)
     return hvd.metric_average(correct / total, name="val_accuracy")
@@ -159,7 +163,7 @@ def checksum(model):
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
         h.update(name.encode())
-        h.update(t.detach().contiguous().numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -172,8 +176,12 @@ def train(args, prepare_model=None):
     rank, size = hvd.rank(), hvd.size()
     log = print if rank == 0 else (lambda *a, **k: None)
 
+    if args.device == "cuda":
+        # Horovod's convention: one GPU per local rank (ranks share when there are fewer).
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        args.device = torch.device("cuda", torch.cuda.current_device())
     torch.manual_seed(args.seed + rank)  # different on purpose: the broadcasts must fix it
-    model = DigitsNet()
+    model = DigitsNet().to(args.device)
     if prepare_model is not None:
         model = prepare_model(model)
     optimizer = torch.optim.SGD(
@@ -199,7 +207,7 @@ def train(args, prepare_model=None):
     started = time.perf_counter()
     for epoch in range(start_epoch, args.epochs):
         loss = train_epoch(model, optimizer, scheduler, train_loader, sampler, epoch, args)
-        accuracy = validate(model, val_loader)
+        accuracy = validate(model, val_loader, args.device)
         if rank == 0:
             save_checkpoint(args.checkpoint, model, optimizer, scheduler, epoch + 1)
         log(

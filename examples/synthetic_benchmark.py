@@ -62,6 +62,9 @@ def parse_args(argv=None):
     p.add_argument("--fp16-allreduce", action="store_true", help="float16 gradients on the wire")
     p.add_argument("--mode", choices=("hvd", "ddp", "both"), default="both")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: each rank on GPU local_rank %% visible GPUs; DDP uses NCCL when "
+                        "every local rank has its own GPU, else gloo")
     p.add_argument("--json", default=None, help="default bench/results/synthetic_<np>.json")
     args = p.parse_args(argv)
     for flag in ("batch_size", "num_batches_per_iter", "num_iters"):
@@ -111,9 +114,9 @@ class ResNet18(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
-def gloo_process_group():
-    """torch.distributed's gloo group on 127.0.0.1; rank 0's store takes a free port
-    and hvd.broadcast_object tells the others."""
+def ddp_process_group(backend="gloo"):
+    """torch.distributed's group (gloo, or nccl for GPUs) on 127.0.0.1; rank 0's store
+    takes a free port and hvd.broadcast_object tells the others."""
     rank, size = hvd.rank(), hvd.size()
     # wait_for_workers=False: the others learn the port only after this returns.
     store = (
@@ -126,7 +129,7 @@ def gloo_process_group():
         store = dist.TCPStore("127.0.0.1", port, size, is_master=False)
     # Loopback, as hvd-torch's own Gloo uses: the hostname may resolve to anything.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size)
 
 
 def make_runners(args, modes):
@@ -136,8 +139,9 @@ def make_runners(args, modes):
     # This rank's batch: different per rank, so unaveraged gradients would show
     # as diverged weights; the same batch for every mode.
     g = torch.Generator().manual_seed(args.seed + 1 + hvd.rank())
-    data = torch.randn(args.batch_size, 3, 32, 32, generator=g)
-    target = torch.randint(0, 10, (args.batch_size,), generator=g)
+    data = torch.randn(args.batch_size, 3, 32, 32, generator=g).to(args.device)
+    target = torch.randint(0, 10, (args.batch_size,), generator=g).to(args.device)
+    base = base.to(args.device)
 
     def runner(model, optimizer):
         def step():
@@ -165,7 +169,9 @@ def make_runners(args, modes):
     if "ddp" in modes:
         # forward_sync_buffers=False: hvd's optimizer does not synchronize BatchNorm's
         # running statistics either, so both move the same bytes.
-        model = nn.parallel.DistributedDataParallel(copy.deepcopy(base), forward_sync_buffers=False)
+        device_ids = [args.device] if args.device.type == "cuda" else None
+        model = nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=device_ids,
+                                                    forward_sync_buffers=False)
         if args.fp16_allreduce:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -181,10 +187,14 @@ def timed(step, batches):
     a shared machine the wall time moves with the neighbours' load, while the
     CPU time shows what the step itself costs.
     """
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # GPU work is asynchronous: time what it did, not what was queued
     hvd.barrier()
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(batches):
         step()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -217,7 +227,7 @@ def summarize(times, args, size):
 def checksum(model):
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -231,8 +241,15 @@ def main():
     rank, size = hvd.rank(), hvd.size()
     log = print if rank == 0 else (lambda *a, **k: None)
     modes = ["hvd", "ddp"] if args.mode == "both" else [args.mode]
+    backend = "gloo"
+    if args.device == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        if torch.cuda.device_count() >= hvd.local_size():
+            backend = "nccl"  # NCCL refuses two ranks on one GPU
+    args.device = torch.device(args.device, torch.cuda.current_device()) \
+        if args.device == "cuda" else torch.device("cpu")
     if "ddp" in modes:
-        gloo_process_group()
+        ddp_process_group(backend)
     runners = make_runners(args, modes)
     n_params = sum(p.numel() for p in runners["local"][0].parameters())
 
@@ -278,7 +295,8 @@ def main():
     local = results["local"]["img_sec_per_rank"]
     for name in modes:
         results[name]["scaling_efficiency"] = results[name]["img_sec_total"] / (size * local)
-    titles = {"local": "local (no communication)", "hvd": "hvd-torch", "ddp": "DDP (gloo)"}
+    ddp_title = f"DDP ({dist.get_backend()})" if "ddp" in modes else ""
+    titles = {"local": "local (no communication)", "hvd": "hvd-torch", "ddp": ddp_title}
     for name, r in results.items():
         log(f"{titles[name]}:")
         log(f"  Img/sec per rank: {r['img_sec_per_rank']:.1f} +-{r['img_sec_per_rank_ci']:.1f}")

@@ -55,6 +55,9 @@ def init(comm=None, process_sets=None):
 
         worker_rendezvous.join_round()
     _C.init()
+    from hvd_torch import gpu
+
+    gpu.configure()
     process_sets_module._after_init(process_sets)
 
 

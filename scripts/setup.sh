@@ -93,7 +93,7 @@ SO=$(ls hvd_torch/_C*.so 2>/dev/null | head -n 1 || true)
 reason=""
 if [ -z "$SO" ]; then
     reason="no built extension"
-elif [ -n "$(find csrc setup.py -newer "$SO" -type f -print -quit)" ]; then
+elif [ -n "$(find csrc setup.py build_config.py -newer "$SO" -type f -print -quit)" ]; then
     reason="sources newer than $SO"
 # From / so that the import finds the installed package, not the checkout.
 elif ! (cd / && "$PY" -c "import hvd_torch") 2>/dev/null; then
@@ -112,5 +112,24 @@ else
     (cd / && "$PY" -c "import hvd_torch") \
         || { say "hvd_torch: built but does not import"; exit 1; }
     say "hvd_torch: built in $(( $(date +%s) - start ))s"
+fi
+# 4. NCCL's headers for the CUDA compile check ----------------------------------
+# With nvcc here but a CPU build of torch, tests/test_cuda_build.py compiles the
+# CUDA sources against nccl.h from the nvidia-nccl wheel: only its include/ is
+# unpacked (the 200 MB wheel's library is not needed to compile).
+NCCL_WHEEL="nvidia-nccl-cu13==2.28.9"
+NCCL_HEADERS=build/nccl-headers
+if command -v nvcc >/dev/null && [ ! -f "$NCCL_HEADERS/nvidia/nccl/include/nccl.h" ] \
+        && ! "$PY" -c "import nvidia.nccl" 2>/dev/null; then
+    say "nccl headers: unpacking $NCCL_WHEEL's include/ into $NCCL_HEADERS"
+    tmp=$(mktemp -d)
+    "$PY" -m pip download --quiet --disable-pip-version-check --no-deps -d "$tmp" "$NCCL_WHEEL"
+    "$PY" - "$tmp" "$NCCL_HEADERS" <<'PYEOF'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("nvidia/nccl/include/")])
+PYEOF
+    rm -rf "$tmp"
 fi
 say "ready: $VENV (hvdrun: $VENV/bin/hvdrun)"

@@ -319,11 +319,20 @@ def test_ops_before_init_raise_clearly():
         assert f"hvd_torch.{op}" in message, (name, message)
 
 
-def test_build_facts_without_cuda():
+def test_build_facts_tell_what_was_compiled():
+    import torch
+
     import hvd_torch as hvd  # importing does not start the engine
 
-    assert hvd.nccl_built() is False
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from build_config import cuda_enabled
+
     assert hvd.gloo_built() is True
+    # CUDA sources compile exactly when setup.py found a CUDA torch and nvcc.
+    assert hvd.cuda_built() is cuda_enabled()
+    if torch.version.cuda is None:
+        assert hvd.cuda_built() is False and hvd.nccl_built() is False
+    assert not hvd.nccl_built() or hvd.cuda_built()
     assert not hvd.is_initialized()
 
 

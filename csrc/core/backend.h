@@ -1,9 +1,11 @@
 // The data plane: collectives over raw buffers, one implementation per
-// transport (backends/gloo today; NCCL and shared memory later). The engine
-// calls a backend only from its background thread, in the order the
-// coordinator dictated, so every rank calls the same collectives in the same
-// order. Methods block until done and throw std::exception on failure (a dead
-// peer, a timeout); the engine turns that into a peer-failure status.
+// transport (backends/gloo for host memory, backends/nccl for CUDA memory).
+// The engine calls a backend only from its background thread, in the order
+// the coordinator dictated, so every rank calls the same collectives in the
+// same order. A host backend's methods block until done; a device backend's
+// enqueue the collective on the stream its Memory (device.h) uses and return.
+// Both throw std::exception on failure (a dead peer, a timeout); the engine
+// turns that into a peer-failure status.
 #pragma once
 
 #include <cstddef>
@@ -36,11 +38,32 @@ class Backend {
   virtual void alltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
                          const std::vector<int64_t>& recv_counts, DataType dtype) = 0;
   virtual void barrier() = 0;
+  // Called once the job is known to be broken: a device backend stops work
+  // that waits on the dead peer (it would otherwise spin on the GPU forever).
+  virtual void abort() {}
 };
 
 // How the engine obtains its backend once the ranks have met: the store is
 // connected and `prefix` is unique to this init() generation.
 using BackendFactory = std::function<std::unique_ptr<Backend>(
     const Topology&, const EngineConfig&, StoreClient& store, const std::string& prefix)>;
+
+class Memory;
+
+// A device's data plane: its collectives and its buffer work, on one stream.
+struct DevicePlane {
+  std::unique_ptr<Memory> memory;
+  std::unique_ptr<Backend> backend;
+};
+
+// How the engine obtains a device plane for a process set, the first time an
+// op of the set runs on device memory (`device`: this rank's CUDA index).
+// `set` holds this rank's position and the set's size. Every member runs
+// that response at the same point of the one order, so a rendezvous inside
+// (NCCL's unique id through the store under `prefix`) meets. store is null
+// in a one-process job.
+using DevicePlaneFactory = std::function<DevicePlane(
+    int device, const Topology& set, const EngineConfig&, StoreClient* store,
+    const std::string& prefix)>;
 
 }  // namespace hvd

@@ -280,6 +280,12 @@ std::string Coordinator::validate(const std::vector<Request>& reqs,
         return "'" + x.group + "' of " + std::to_string(x.group_size);
       });
   }
+  // A CPU tensor on one rank and a CUDA tensor on another (or two planes)
+  // would run different collectives: refuse. Device indices may differ.
+  for (const auto& q : reqs) {
+    if ((q.device >= 0) != (a.device >= 0) || q.plane != a.plane)
+      return mismatch("devices", [](const Request& x) { return x.deviceString(); });
+  }
   for (const auto& q : reqs) {
     if (q.process_set != a.process_set)
       return mismatch("process sets", [](const Request& x) { return x.process_set; });

@@ -29,8 +29,10 @@ Engine::Engine(const Topology& topology, const EngineConfig& config)
     : topology_(topology), config_(config), process_sets_(topology.size) {}
 
 std::shared_ptr<Engine> Engine::start(const Topology& topology, const EngineConfig& config,
-                                      const BackendFactory& make_backend, uint64_t generation) {
+                                      const BackendFactory& make_backend, uint64_t generation,
+                                      DevicePlaneFactory make_device) {
   std::shared_ptr<Engine> engine(new Engine(topology, config));
+  engine->make_device_ = std::move(make_device);
   engine->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (engine->wake_fd_ < 0) throw std::runtime_error("eventfd failed");
   engine->connect(make_backend, generation);
@@ -95,6 +97,30 @@ void Engine::openProcessSet(int32_t id, const std::vector<int64_t>& ranks64) {
   }
   rt.executor = Executor(rt.backend.get(), static_cast<int>(ranks.size()), index, ranks);
   runtimes_[id] = std::move(rt);
+}
+
+Executor& Engine::executorFor(int32_t id, SetRuntime& rt, Plane plane, int device) {
+  if (plane != Plane::kDevice) return rt.executor;
+  if (rt.device_executor) {
+    if (device != rt.device) {
+      throw std::runtime_error("rank " + std::to_string(topology_.rank) + " used cuda:" +
+                               std::to_string(device) + " in process set " + std::to_string(id) +
+                               ", which already runs on cuda:" + std::to_string(rt.device) +
+                               ": one GPU per rank");
+    }
+    return *rt.device_executor;
+  }
+  if (!make_device_) throw std::runtime_error("internal: a device op, but no device plane is built");
+  Topology set = topology_;
+  set.rank = rt.index;
+  set.size = static_cast<int>(rt.ranks.size());
+  const std::string prefix = prefix_ + "set" + std::to_string(id) + "/device/";
+  rt.device_plane = make_device_(device, set, config_, store_.get(), prefix);
+  rt.device = device;
+  rt.device_executor = std::make_unique<Executor>(rt.device_plane.backend.get(), set.size, rt.index,
+                                                  id == 0 ? std::vector<int>{} : rt.ranks,
+                                                  rt.device_plane.memory.get());
+  return *rt.device_executor;
 }
 
 std::string Engine::missingRanksMessage(const std::string& prefix, const char* what) {
@@ -350,11 +376,18 @@ void Engine::takeSubmissions() {
     a.cache_id = cacheable ? rank_cache_.lookup(RankCache::key(e.request)) : -1;
     if (e.request.type == OpType::kJoin) joined_ = true;
     a.request = e.request;
+    // A host-staged input is being copied from the GPU: every read below and
+    // in the executor needs it complete.
+    if (e.ready && e.request.plane != Plane::kDevice) {
+      e.ready->synchronize();
+      e.ready.reset();
+    }
     // Inline data flows through rank 0, which receives and sends (size - 1)
-    // copies: worth it while that traffic stays below the threshold.
+    // copies: worth it while that traffic stays below the threshold. Device
+    // memory never goes inline (the host cannot read it).
     const bool reduces = e.request.type == OpType::kAllreduce ||
                          e.request.type == OpType::kReducescatter;
-    if (reduces && set_size > 1 &&
+    if (reduces && set_size > 1 && e.request.plane != Plane::kDevice &&
         e.request.numBytes() * (set_size - 1) <= config_.inline_threshold) {
       a.has_inline = true;
       a.inline_data.assign(static_cast<const char*>(e.input), e.request.numBytes());
@@ -457,16 +490,26 @@ namespace {
 
 // A joined rank's stand-in for an op it never submitted: zeros in, the
 // result thrown away. It lets the rank take part in the collective.
-Entry phantomEntry(const Request& request) {
-  auto scratch = std::make_shared<std::vector<char>>(request.numBytes(), 0);
+Entry phantomEntry(const Request& request, Memory& memory) {
+  std::shared_ptr<void> scratch = memory.zeros(request.numBytes());
   Entry e;
   e.request = request;
-  e.input = scratch->data();
-  e.output = scratch->data();
-  e.allocate = [scratch](int64_t) { return static_cast<void*>(scratch->data()); };
+  e.input = scratch.get();
+  e.output = scratch.get();
+  e.allocate = [scratch](int64_t) { return scratch.get(); };
   e.work = std::make_shared<Work>();
   e.keep_alive = scratch;
   return e;
+}
+
+// The plane and device of a response's entries on this rank: the first one
+// this rank submitted (the coordinator made every rank agree on the plane),
+// else a joined rank's stand-in, which takes the other ranks' plane.
+std::pair<Plane, int> planeOf(const Response& response, const std::vector<Entry*>& entries) {
+  if (!entries.empty()) return {entries[0]->request.plane, entries[0]->request.device};
+  if (!response.templates.empty())
+    return {response.templates[0].plane, response.templates[0].device};
+  return {Plane::kHost, -1};
 }
 
 }  // namespace
@@ -478,6 +521,7 @@ void Engine::run(const Response& response) {
   std::vector<Entry*> entries;
   std::vector<Entry> phantoms;
   phantoms.reserve(response.names.size());
+  Executor* executor = nullptr;
   for (size_t i = 0; i < response.names.size(); ++i) {
     const std::string& name = response.names[i];
     auto it = pending_.find(tableKey(response.process_set, name));
@@ -486,7 +530,13 @@ void Engine::run(const Response& response) {
     } else if (joined_ && response.kind != Response::kExecute) {
       return;  // others' op that failed or was reduced inline: nothing for us to do
     } else if (joined_ && i < response.templates.size()) {
-      phantoms.push_back(phantomEntry(response.templates[i]));
+      if (executor == nullptr) {
+        // A joined rank uses its own device when it has one for this set.
+        const auto [plane, device] = planeOf(response, entries);
+        executor = &executorFor(response.process_set, rt, plane,
+                                rt.device >= 0 ? rt.device : device);
+      }
+      phantoms.push_back(phantomEntry(response.templates[i], executor->memory()));
       entries.push_back(&phantoms.back());
     } else {
       throw std::runtime_error("internal: response for '" + name + "' that rank " +
@@ -529,7 +579,16 @@ void Engine::run(const Response& response) {
       break;
     case Response::kExecute:
       try {
-        rt.executor.execute(response, entries);
+        if (executor == nullptr) {
+          const auto [plane, device] = planeOf(response, entries);
+          executor = &executorFor(response.process_set, rt, plane, device);
+        }
+        executor->execute(response, entries);
+        // A device plane has only enqueued the work: its end is an event
+        // that readers of the outputs order themselves after.
+        if (std::shared_ptr<DeviceEvent> done = executor->memory().record()) {
+          for (Entry* e : entries) e->work->setDeviceDone(done);
+        }
       } catch (const std::exception& e) {
         std::string why = diagnosePeerFailure();
         throw std::runtime_error(std::string(opTypeName(response.type)) + " '" + response.names[0] +
@@ -629,6 +688,12 @@ void Engine::fail(const Status& status) {
         sock->flushBlocking(std::chrono::milliseconds(1000));
       } catch (const std::exception&) {
       }
+    }
+  }
+  // Device collectives waiting on a dead peer would spin on the GPU forever.
+  if (status.code == Status::kPeerFailure) {
+    for (auto& [id, rt] : runtimes_) {
+      if (rt.device_plane.backend) rt.device_plane.backend->abort();
     }
   }
   for (auto& [name, e] : pending_) e.work->complete(status);

@@ -44,8 +44,11 @@ class Engine {
   // counts init() calls in this process, so a re-init never reads the previous
   // rendezvous' keys. Throws std::runtime_error naming the store address and
   // the ranks that never arrived when the rendezvous fails.
+  // make_device may be empty (a build without a device plane: no op is ever
+  // submitted on Plane::kDevice).
   static std::shared_ptr<Engine> start(const Topology& topology, const EngineConfig& config,
-                                       const BackendFactory& make_backend, uint64_t generation);
+                                       const BackendFactory& make_backend, uint64_t generation,
+                                       DevicePlaneFactory make_device = nullptr);
   ~Engine();
 
   // Fails what is still pending with a shutdown status and joins the thread.
@@ -78,6 +81,9 @@ class Engine {
   void fail(const Status& status);
   // A kAddProcessSet response: members connect a backend of their own for it.
   void openProcessSet(int32_t id, const std::vector<int64_t>& ranks);
+  struct SetRuntime;
+  // The set's executor for `plane`; a device plane is made on first use.
+  Executor& executorFor(int32_t id, SetRuntime& rt, Plane plane, int device);
   void arrive(Arrival arrival);  // rank 0: hand one arrival to the coordinator
   std::string diagnosePeerFailure();
   std::string encodeArrivals(const std::vector<Arrival>& arrivals) const;
@@ -87,6 +93,7 @@ class Engine {
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<Backend> backend_;  // the global set's
   BackendFactory make_backend_;
+  DevicePlaneFactory make_device_;
   std::string prefix_;  // this rendezvous' store keys
   ProcessSetTable process_sets_;
 
@@ -96,6 +103,10 @@ class Engine {
     int index = 0;                     // this rank's position in ranks
     std::unique_ptr<Backend> backend;  // its own Gloo context (null: global set or one rank)
     Executor executor{nullptr, 1};
+    // Plane::kDevice, made by the first op of the set on device memory.
+    int device = -1;
+    DevicePlane device_plane;
+    std::unique_ptr<Executor> device_executor;
   };
   std::unordered_map<int32_t, SetRuntime> runtimes_;  // background thread only
 

@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 
+#include "device.h"
 #include "message.h"
 #include "work.h"
 
@@ -17,6 +18,11 @@ struct Entry {
   // Allgather: called on the background thread once the total first
   // dimension is known; returns the output buffer (must stay valid).
   std::function<void*(int64_t total_first_dim)> allocate;
+  // Set when the input is written by device work that may not have finished
+  // (a CUDA event on the caller's stream): the engine orders its reads after
+  // it. Plane::kStaged waits on the host before the input is read;
+  // Plane::kDevice makes the device's stream wait.
+  std::shared_ptr<DeviceEvent> ready;
   std::shared_ptr<Work> work;
   // Whatever owns input/output (tensors); released after completion.
   std::shared_ptr<void> keep_alive;

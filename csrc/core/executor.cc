@@ -1,14 +1,17 @@
 #include "executor.h"
 
-#include <cstring>
 #include <numeric>
 
 #include "process_sets.h"
-#include "reduce.h"
 
 namespace hvd {
 
 void Executor::execute(const Response& response, const std::vector<Entry*>& entries) {
+  // Inputs written by device work: order ours after it (the host plane
+  // already waited when the op was submitted).
+  for (Entry* e : entries) {
+    if (e->ready) memory_->waitFor(*e->ready);
+  }
   // Average divides by the ranks that contributed (joined ranks add zeros).
   const int divisor = response.contributors > 0 ? response.contributors : size_;
   switch (response.type) {
@@ -49,11 +52,10 @@ void Executor::reducescatter(Entry& e, int divisor) {
   const Request& q = e.request;
   const size_t n = static_cast<size_t>(q.numElements());
   const size_t bytes = q.numBytes();
-  if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
-  char* buf = fusion_buffer_.data();
-  std::memcpy(buf, e.input, bytes);
-  scaleBuffer(buf, n, q.dtype, q.prescale);
-  if (backend_ != nullptr && size_ > 1 && n > 0) {
+  char* buf = static_cast<char*>(memory_->scratch(bytes));
+  memory_->copy(buf, e.input, bytes);
+  memory_->scale(buf, n, q.dtype, q.prescale);
+  if (backend_ != nullptr && n > 0) {
     backend_->allreduce(buf, n, q.dtype,
                         q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op);
   }
@@ -62,9 +64,9 @@ void Executor::reducescatter(Entry& e, int divisor) {
   char* out = static_cast<char*>(e.allocate(mine.rows));
   char* slice = buf + mine.offset * row_bytes;
   const size_t count = static_cast<size_t>(mine.rows * q.rowElements());
-  if (q.reduce_op == ReduceOp::kAverage) divideBuffer(slice, count, q.dtype, divisor);
-  scaleBuffer(slice, count, q.dtype, q.postscale);
-  std::memcpy(out, slice, count * dataTypeSize(q.dtype));
+  if (q.reduce_op == ReduceOp::kAverage) memory_->divide(slice, count, q.dtype, divisor);
+  memory_->scale(slice, count, q.dtype, q.postscale);
+  memory_->copy(out, slice, count * dataTypeSize(q.dtype));
 }
 
 void Executor::alltoall(const Response& response, Entry& e) {
@@ -84,8 +86,8 @@ void Executor::alltoall(const Response& response, Entry& e) {
   }
   e.work->setFirstDims(recv_rows);
   void* out = e.allocate(total);
-  if (backend_ == nullptr || n == 1) {
-    std::memcpy(out, e.input, e.request.numBytes());
+  if (backend_ == nullptr) {
+    memory_->copy(out, e.input, e.request.numBytes());
     return;
   }
   backend_->alltoallv(e.input, send_counts, out, recv_counts, e.request.dtype);
@@ -102,27 +104,26 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
   char* buf;
   if (entries.size() == 1) {
     buf = static_cast<char*>(entries[0]->output);
-    if (buf != entries[0]->input) std::memcpy(buf, entries[0]->input, total * elem);
+    memory_->copy(buf, entries[0]->input, total * elem);
   } else {
-    if (fusion_buffer_.size() < total * elem) fusion_buffer_.resize(total * elem);
-    buf = fusion_buffer_.data();
+    buf = static_cast<char*>(memory_->scratch(total * elem));
     size_t off = 0;
     for (Entry* e : entries) {
-      std::memcpy(buf + off, e->input, e->request.numBytes());
+      memory_->copy(buf + off, e->input, e->request.numBytes());
       off += e->request.numBytes();
     }
   }
-  scaleBuffer(buf, total, q.dtype, q.prescale);
-  if (backend_ != nullptr && size_ > 1 && total > 0) {
+  memory_->scale(buf, total, q.dtype, q.prescale);
+  if (backend_ != nullptr && total > 0) {
     backend_->allreduce(buf, total, q.dtype,
                         q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op);
   }
-  if (q.reduce_op == ReduceOp::kAverage) divideBuffer(buf, total, q.dtype, divisor);
-  scaleBuffer(buf, total, q.dtype, q.postscale);
+  if (q.reduce_op == ReduceOp::kAverage) memory_->divide(buf, total, q.dtype, divisor);
+  memory_->scale(buf, total, q.dtype, q.postscale);
   if (entries.size() > 1) {
     size_t off = 0;
     for (Entry* e : entries) {
-      std::memcpy(e->output, buf + off, e->request.numBytes());
+      memory_->copy(e->output, buf + off, e->request.numBytes());
       off += e->request.numBytes();
     }
   }
@@ -134,8 +135,8 @@ void Executor::allgather(const Response& response, Entry& e) {
   const int64_t total_rows = std::accumulate(dims.begin(), dims.end(), int64_t{0});
   e.work->setFirstDims(dims);
   void* out = e.allocate(total_rows);
-  if (backend_ == nullptr || size_ == 1) {
-    std::memcpy(out, e.input, e.request.numBytes());
+  if (backend_ == nullptr) {
+    memory_->copy(out, e.input, e.request.numBytes());
     return;
   }
   if (total_rows * row == 0) return;
@@ -146,8 +147,8 @@ void Executor::allgather(const Response& response, Entry& e) {
 
 void Executor::broadcast(Entry& e) {
   const size_t bytes = e.request.numBytes();
-  if (e.output != e.input) std::memcpy(e.output, e.input, bytes);
-  if (backend_ != nullptr && size_ > 1 && bytes > 0) {
+  memory_->copy(e.output, e.input, bytes);
+  if (backend_ != nullptr && bytes > 0) {
     // root_rank is a global rank (Horovod's convention); the backend counts
     // positions in the set.
     const int root = ranks_.empty() ? e.request.root_rank : indexIn(ranks_, e.request.root_rank);

@@ -1,5 +1,7 @@
 // Runs a negotiated response over this rank's entries through the backend,
-// packing fused allreduces into one reusable fusion buffer.
+// packing fused allreduces into one reusable fusion buffer. The same code
+// serves host and device memory: every copy and scaling goes through Memory
+// (device.h), which on a device only enqueues work on the backend's stream.
 //
 // Threading: the engine's background thread only.
 #pragma once
@@ -7,6 +9,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "device.h"
 #include "entry.h"
 #include "message.h"
 
@@ -16,9 +19,18 @@ class Executor {
  public:
   // backend may be null when size == 1 (everything is local). rank is this
   // rank's position in the process set whose global ranks are `ranks`
-  // (empty: the global set, where positions are the global ranks).
-  Executor(Backend* backend, int size, int rank = 0, std::vector<int> ranks = {})
-      : backend_(backend), size_(size), rank_(rank), ranks_(std::move(ranks)) {}
+  // (empty: the global set, where positions are the global ranks). memory
+  // null: host memory owned by the executor.
+  Executor(Backend* backend, int size, int rank = 0, std::vector<int> ranks = {},
+           Memory* memory = nullptr)
+      : backend_(backend),
+        size_(size),
+        rank_(rank),
+        ranks_(std::move(ranks)),
+        host_(memory ? nullptr : std::make_shared<HostMemory>()),
+        memory_(memory ? memory : host_.get()) {}
+
+  Memory& memory() { return *memory_; }
 
   // Throws what the backend throws (a peer failure).
   void execute(const Response& response, const std::vector<Entry*>& entries);
@@ -34,7 +46,8 @@ class Executor {
   int size_;
   int rank_;
   std::vector<int> ranks_;
-  std::vector<char> fusion_buffer_;
+  std::shared_ptr<HostMemory> host_;  // shared: executors are copied into place
+  Memory* memory_;
 };
 
 }  // namespace hvd

@@ -10,7 +10,7 @@ bool fusable(const ReadyOp& op) {
 
 bool sameGroup(const Request& a, const Request& b) {
   return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
-         a.postscale == b.postscale && a.process_set == b.process_set;
+         a.postscale == b.postscale && a.process_set == b.process_set && a.plane == b.plane;
 }
 
 }  // namespace

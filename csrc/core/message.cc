@@ -24,6 +24,11 @@ std::string Request::shapeString() const {
   return os.str();
 }
 
+std::string Request::deviceString() const {
+  if (device < 0) return "cpu";
+  return "cuda:" + std::to_string(device) + " (" + planeName(plane) + ")";
+}
+
 void Request::encode(Writer& w) const {
   w.put<uint8_t>(static_cast<uint8_t>(type));
   w.put<uint8_t>(static_cast<uint8_t>(dtype));
@@ -39,6 +44,8 @@ void Request::encode(Writer& w) const {
   for (int64_t d : splits) w.put<int64_t>(d);
   w.putString(group);
   w.put<int32_t>(group_size);
+  w.put<int32_t>(device);
+  w.put<uint8_t>(static_cast<uint8_t>(plane));
 }
 
 Request Request::decode(Reader& r) {
@@ -58,6 +65,8 @@ Request Request::decode(Reader& r) {
   for (auto& d : q.splits) d = r.get<int64_t>();
   q.group = r.getString();
   q.group_size = r.get<int32_t>();
+  q.device = r.get<int32_t>();
+  q.plane = static_cast<Plane>(r.get<uint8_t>());
   return q;
 }
 
@@ -66,7 +75,7 @@ bool Request::operator==(const Request& o) const {
          root_rank == o.root_rank && process_set == o.process_set &&
          prescale == o.prescale && postscale == o.postscale && name == o.name &&
          shape == o.shape && splits == o.splits && group == o.group &&
-         group_size == o.group_size;
+         group_size == o.group_size && device == o.device && plane == o.plane;
 }
 
 void Response::encode(Writer& w) const {

@@ -28,12 +28,18 @@ struct Request {
   // Grouped ops: members of one group are negotiated and run as a unit.
   std::string group;       // empty: not grouped
   int32_t group_size = 0;  // members in the group
+  // Where the tensor lives on this rank (-1: host, else a CUDA device index;
+  // ranks may use different indices) and the plane that moves it.
+  int32_t device = -1;
+  Plane plane = Plane::kHost;
 
   int64_t numElements() const;
   size_t numBytes() const { return static_cast<size_t>(numElements()) * dataTypeSize(dtype); }
   // Elements per first-dimension row (allgather concatenates rows).
   int64_t rowElements() const;
   std::string shapeString() const;
+  // "cpu", "cuda:1 (nccl)", "cuda:0 (host-staged)": for error messages.
+  std::string deviceString() const;
 
   void encode(Writer& w) const;
   static Request decode(Reader& r);

@@ -67,6 +67,15 @@ const char* opTypeName(OpType op) {
   return "unknown";
 }
 
+const char* planeName(Plane plane) {
+  switch (plane) {
+    case Plane::kHost: return "host";
+    case Plane::kStaged: return "host-staged";
+    case Plane::kDevice: return "nccl";
+  }
+  return "unknown";
+}
+
 RowSlice reducescatterSlice(int64_t rows, int size, int rank) {
   const int64_t base = rows / size;
   const int64_t extra = rows % size;

@@ -46,6 +46,15 @@ enum class OpType : uint8_t {
   kRemoveProcessSet = 8,
 };
 
+// Which data plane moves an operation's bytes on this rank. Part of the wire
+// format (requests carry it, so ranks that disagree get a clear error).
+enum class Plane : uint8_t {
+  kHost = 0,    // CPU tensors: Gloo
+  kStaged = 1,  // CUDA tensors copied through pinned host memory: Gloo
+  kDevice = 2,  // CUDA tensors in place on the GPU: NCCL
+};
+const char* planeName(Plane plane);
+
 // Reducescatter's split of the first dimension (Horovod's rule): every rank
 // gets rows / size rows, and the first rows % size ranks one more.
 struct RowSlice {

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "device.h"
 #include "types.h"
 
 namespace hvd {
@@ -31,7 +32,13 @@ class Work {
   // Allgather: each rank's first dimension, set before completion.
   const std::vector<int64_t>& firstDims() const { return first_dims_; }
 
+  // Plane::kDevice: completion means the work is enqueued on the device's
+  // stream; this event marks its end, and whoever reads the output orders
+  // itself after it. Set before complete(); null on the host planes.
+  const std::shared_ptr<DeviceEvent>& deviceDone() const { return device_done_; }
+
   void setFirstDims(std::vector<int64_t> dims) { first_dims_ = std::move(dims); }
+  void setDeviceDone(std::shared_ptr<DeviceEvent> event) { device_done_ = std::move(event); }
   void complete(Status status) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -50,6 +57,7 @@ class Work {
   bool done_ = false;
   Status status_;
   std::vector<int64_t> first_dims_;
+  std::shared_ptr<DeviceEvent> device_done_;
 };
 
 }  // namespace hvd

@@ -5,6 +5,7 @@
 #include "../backends/gloo/gloo_backend.h"
 #include "../core/engine_registry.h"
 #include "../torch/adapter.h"
+#include "../torch/device_io.h"
 
 namespace {
 
@@ -24,7 +25,8 @@ void init() {
   std::shared_ptr<hvd::Engine> engine;
   {
     pybind11::gil_scoped_release no_gil;  // the rendezvous waits on peers
-    engine = hvd::Engine::start(topo, config, hvd::makeGlooBackend, hvd::nextGeneration());
+    engine = hvd::Engine::start(topo, config, hvd::makeGlooBackend, hvd::nextGeneration(),
+                                hvd::torch_layer::devicePlaneFactory());
   }
   hvd::torch_layer::resetNameCounter();
   hvd::installEngine(std::move(engine));
@@ -75,10 +77,20 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("gloo_library_path", &hvd::glooLibraryPath);
   m.def("gloo_built", [] { return true; });
+  // What this build compiled, decided once by setup.py (cuda_enabled, nccl_paths).
+#ifdef HVD_TORCH_WITH_NCCL
+  m.def("nccl_built", [] { return true; });
+#else
   m.def("nccl_built", [] { return false; });
+#endif
 #ifdef HVD_TORCH_WITH_CUDA
   m.def("cuda_built", [] { return true; });
 #else
   m.def("cuda_built", [] { return false; });
 #endif
+  // Set by hvd.init(): this rank's GPU and whether NCCL moves CUDA tensors.
+  m.def("configure_gpu", &hvd::torch_layer::configureGpu, pybind11::arg("device"),
+        pybind11::arg("use_nccl"));
+  m.def("gpu_device", &hvd::torch_layer::configuredGpu);
+  m.def("gpu_uses_nccl", &hvd::torch_layer::ncclPlaneEnabled);
 }

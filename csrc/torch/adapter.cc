@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "../core/engine_registry.h"
+#include "device_io.h"
 
 namespace hvd {
 namespace torch_layer {
@@ -41,12 +42,6 @@ std::vector<int> requireMember(const Engine& engine, int64_t process_set, const 
               "': rank ", engine.topology().rank, " is not in process set ", process_set,
               " (ranks ", rankList(ranks), ")");
   return ranks;
-}
-
-at::Tensor contiguousCpu(const at::Tensor& t, const char* op, const std::string& name) {
-  TORCH_CHECK(t.device().is_cpu(), "hvd_torch.", op, " '", name, "': tensor is on ", t.device(),
-              ", but this build only has the Gloo (CPU) backend (hvd_torch.nccl_built() is False)");
-  return t.contiguous();
 }
 
 Request baseRequest(OpType type, const at::Tensor& t, DataType dtype, const std::string& name,
@@ -168,7 +163,9 @@ at::Tensor waitHandle(int64_t handle, Pending* finished) {
   if (status.code == Status::kInvalidArgument) TORCH_CHECK(false, status.message);
   TORCH_CHECK(status.ok(), kInternalErrorPrefix, status.message);
   at::Tensor out = p.gathered ? *p.gathered : p.result;
-  if (p.copy_back_to.defined()) {
+  if (p.plane != Plane::kHost) {
+    out = finishOutput(out, p.plane, p.device, p.work->deviceDone(), p.copy_back_to);
+  } else if (p.copy_back_to.defined()) {
     p.copy_back_to.copy_(out);
     out = p.copy_back_to;
   }
@@ -183,12 +180,29 @@ void clearHandles() {
 
 namespace {
 
+// The engine's view of `tensor` (device_io.h): the request says where it
+// lives, the entry waits for its producer, the pending op how to return it.
+EngineInput takeInput(const at::Tensor& tensor, DataType dtype, const char* op,
+                      const std::string& name, Entry& e, Pending& p) {
+  EngineInput in = prepareInput(tensor, dtype, op, name);
+  e.request.device = in.device;
+  e.request.plane = in.plane;
+  e.ready = in.ready;
+  p.plane = in.plane;
+  p.device = in.device;
+  return in;
+}
+
 // Output of the input's shape (allreduce, broadcast): a new tensor, or the
 // input itself for in-place ops (copied back into `tensor` when the input was
-// a contiguous copy of it).
-void bindSameShapeOutput(const at::Tensor& tensor, const at::Tensor& input, bool in_place,
+// a contiguous or host-staged copy of it). A staged input is our own pinned
+// copy, so the engine writes the result over it.
+void bindSameShapeOutput(const at::Tensor& tensor, const EngineInput& in, bool in_place,
                          Entry& e, Pending& p) {
-  at::Tensor output = in_place ? input : at::empty_like(input);
+  const at::Tensor& input = in.tensor;
+  at::Tensor output =
+      in_place || in.plane == Plane::kStaged ? input : at::empty_like(input);
+  lendToEngine(output, in);
   if (in_place && !input.is_same(tensor)) p.copy_back_to = tensor;
   p.result = output;
   e.input = input.data_ptr();
@@ -198,14 +212,15 @@ void bindSameShapeOutput(const at::Tensor& tensor, const at::Tensor& input, bool
 
 // Output whose row count the engine learns late (allgather, alltoall,
 // reducescatter): allocated on the background thread, read by synchronize.
-void bindRowsOutput(const at::Tensor& input, Entry& e, Pending& p) {
+void bindRowsOutput(const EngineInput& in, Entry& e, Pending& p) {
   auto out = std::make_shared<at::Tensor>();
+  const at::Tensor& input = in.tensor;
   std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
   e.input = input.data_ptr();
-  e.allocate = [out, row_shape, options = input.options()](int64_t rows) {
+  e.allocate = [out, row_shape, in](int64_t rows) {
     std::vector<int64_t> shape{rows};
     shape.insert(shape.end(), row_shape.begin(), row_shape.end());
-    *out = at::empty(shape, options);
+    *out = engineEmpty(shape, in);
     return out->data_ptr();
   };
   e.keep_alive = std::make_shared<at::Tensor>(input);
@@ -233,14 +248,14 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::stri
   TORCH_CHECK(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
               "hvd_torch.allreduce '", name,
               "': bool tensors support Sum/Max (or) and Min/Product (and), without scaling");
-  at::Tensor input = contiguousCpu(tensor, "allreduce", name);
   Entry e;
   Pending p;
-  e.request = baseRequest(OpType::kAllreduce, input, dtype, name, process_set, group);
+  e.request = baseRequest(OpType::kAllreduce, tensor, dtype, name, process_set, group);
   e.request.reduce_op = static_cast<ReduceOp>(op);
   e.request.prescale = prescale;
   e.request.postscale = postscale;
-  bindSameShapeOutput(tensor, input, in_place, e, p);
+  const EngineInput in = takeInput(tensor, dtype, "allreduce", name, e, p);
+  bindSameShapeOutput(tensor, in, in_place, e, p);
   return enqueue(*engine, std::move(e), std::move(p));
 }
 
@@ -251,11 +266,11 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
   const std::vector<int> members = requireMember(*engine, process_set, "allgather", name);
   DataType dtype = toDataType(tensor, "allgather", name);
   // A 0-d tensor gathers as one row per rank, like Horovod.
-  at::Tensor input = contiguousCpu(tensor.dim() == 0 ? tensor.reshape({1}) : tensor, "allgather", name);
+  const at::Tensor rows = tensor.dim() == 0 ? tensor.reshape({1}) : tensor;
   Entry e;
   Pending p;
-  e.request = baseRequest(OpType::kAllgather, input, dtype, name, process_set, group);
-  bindRowsOutput(input, e, p);
+  e.request = baseRequest(OpType::kAllgather, rows, dtype, name, process_set, group);
+  bindRowsOutput(takeInput(rows, dtype, "allgather", name, e, p), e, p);
   return enqueue(*engine, std::move(e), std::move(p));
 }
 
@@ -272,12 +287,12 @@ int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_ra
   TORCH_CHECK(indexIn(members, static_cast<int>(root_rank)) >= 0, "hvd_torch.broadcast '", name,
               "': root_rank ", root_rank, " is not in process set ", process_set, " (ranks ",
               rankList(members), ")");
-  at::Tensor input = contiguousCpu(tensor, "broadcast", name);
   Entry e;
   Pending p;
-  e.request = baseRequest(OpType::kBroadcast, input, dtype, name, process_set);
+  e.request = baseRequest(OpType::kBroadcast, tensor, dtype, name, process_set);
   e.request.root_rank = static_cast<int32_t>(root_rank);
-  bindSameShapeOutput(tensor, input, in_place, e, p);
+  const EngineInput in = takeInput(tensor, dtype, "broadcast", name, e, p);
+  bindSameShapeOutput(tensor, in, in_place, e, p);
   return enqueue(*engine, std::move(e), std::move(p));
 }
 
@@ -311,12 +326,11 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
                 "dimension (", rows, ") must be divisible by the number of ranks (", size, ")");
     send.assign(size, rows / size);
   }
-  at::Tensor input = contiguousCpu(tensor, "alltoall", name);
   Entry e;
   Pending p;
-  e.request = baseRequest(OpType::kAlltoall, input, dtype, name, process_set);
+  e.request = baseRequest(OpType::kAlltoall, tensor, dtype, name, process_set);
   e.request.splits = send;
-  bindRowsOutput(input, e, p);
+  bindRowsOutput(takeInput(tensor, dtype, "alltoall", name, e, p), e, p);
   p.alltoall = true;
   return enqueue(*engine, std::move(e), std::move(p));
 }
@@ -334,14 +348,13 @@ int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_na
               "': the tensor needs at least one dimension to scatter");
   TORCH_CHECK(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
               "hvd_torch.reducescatter '", name, "': bool tensors support Sum only, unscaled");
-  at::Tensor input = contiguousCpu(tensor, "reducescatter", name);
   Entry e;
   Pending p;
-  e.request = baseRequest(OpType::kReducescatter, input, dtype, name, process_set, group);
+  e.request = baseRequest(OpType::kReducescatter, tensor, dtype, name, process_set, group);
   e.request.reduce_op = static_cast<ReduceOp>(op);
   e.request.prescale = prescale;
   e.request.postscale = postscale;
-  bindRowsOutput(input, e, p);
+  bindRowsOutput(takeInput(tensor, dtype, "reducescatter", name, e, p), e, p);
   return enqueue(*engine, std::move(e), std::move(p));
 }
 
@@ -357,8 +370,7 @@ std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string member = std::string(what) + " member " + std::to_string(i);
     toDataType(tensors[i], what, member);
-    TORCH_CHECK(tensors[i].device().is_cpu(), "hvd_torch.", what, " '", member, "': tensor is on ",
-                tensors[i].device(), ", but this build only has the Gloo (CPU) backend");
+    checkDevice(tensors[i], what, member);
     TORCH_CHECK(kind != GroupedKind::kReducescatter || tensors[i].dim() >= 1, "hvd_torch.", what,
                 " '", member, "': the tensor needs at least one dimension to scatter");
   }

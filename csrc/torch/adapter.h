@@ -39,7 +39,9 @@ struct Pending {
   at::Tensor result;                           // allreduce/broadcast output
   std::shared_ptr<at::Tensor> gathered;        // allgather/alltoall output, allocated late
   bool alltoall = false;                       // synchronize also returns received splits
-  at::Tensor copy_back_to;                     // in-place op on a non-contiguous tensor
+  at::Tensor copy_back_to;                     // in-place op on a non-contiguous or staged tensor
+  Plane plane = Plane::kHost;                  // CUDA tensors: how the result comes back
+  int device = -1;
 };
 
 // Handle table: ints cross the schema, Pending stays here.

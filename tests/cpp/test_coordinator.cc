@@ -174,6 +174,34 @@ TEST(mismatched_dtype_names_each_rank) {
   CHECK(contains(r.error, "rank 1 float16"));
 }
 
+TEST(cpu_and_cuda_tensors_under_one_name_are_refused_naming_each_rank) {
+  Response r = negotiateOne(3, req("x"), [](int rank, Request& q) {
+    if (rank == 1) {
+      q.device = 0;
+      q.plane = Plane::kDevice;
+    }
+    if (rank == 2) {
+      q.device = 1;
+      q.plane = Plane::kStaged;
+    }
+  });
+  CHECK_EQ(r.kind, Response::kError);
+  CHECK(contains(r.error, "'x'"));
+  CHECK(contains(r.error, "devices"));
+  CHECK(contains(r.error, "rank 0 cpu"));
+  CHECK(contains(r.error, "rank 1 cuda:0 (nccl)"));
+  CHECK(contains(r.error, "rank 2 cuda:1 (host-staged)"));
+}
+
+TEST(cuda_tensors_on_different_device_indices_agree) {
+  // Each rank its own GPU: cuda:0 on one host, cuda:1 on another is fine.
+  Response r = negotiateOne(2, req("x"), [](int rank, Request& q) {
+    q.device = rank;
+    q.plane = Plane::kDevice;
+  });
+  CHECK_EQ(r.kind, Response::kExecute);
+}
+
 TEST(mismatched_reduce_op_names_each_rank) {
   Response r = negotiateOne(2, req("x"), [](int rank, Request& q) {
     q.reduce_op = rank == 0 ? ReduceOp::kSum : ReduceOp::kMax;

@@ -472,3 +472,73 @@ TEST(alltoall_sends_this_ranks_row_of_splits_and_receives_its_column) {
 }
 
 int main() { return check::runAll(); }
+
+namespace {
+
+// A device's Memory as the executor sees it: host memory underneath, every
+// call written to a log, so the order of waits, copies and scaling shows.
+class LoggingMemory : public HostMemory {
+ public:
+  void copy(void* dst, const void* src, size_t bytes) override {
+    log.push_back("copy");
+    HostMemory::copy(dst, src, bytes);
+  }
+  void scale(void* buf, size_t count, DataType dtype, double factor) override {
+    if (factor != 1.0) log.push_back("scale");
+    HostMemory::scale(buf, count, dtype, factor);
+  }
+  void waitFor(const DeviceEvent& ready) override {
+    log.push_back("wait");
+    HostMemory::waitFor(ready);
+  }
+  std::vector<std::string> log;
+};
+
+class CountingEvent : public DeviceEvent {
+ public:
+  void synchronize() const override { ++waits; }
+  mutable int waits = 0;
+};
+
+}  // namespace
+
+TEST(device_memory_waits_for_each_input_before_any_copy) {
+  LoggingMemory memory;
+  RecordingBackend backend(2, 0);
+  Executor ex(&backend, 2, 0, {}, &memory);
+  std::vector<float> a = {1, 2}, b = {3};
+  std::vector<float> out_a(2), out_b(1);
+  Entry ea = entry("a", OpType::kAllreduce, DataType::kFloat32, {2}, a.data(), out_a.data());
+  Entry eb = entry("b", OpType::kAllreduce, DataType::kFloat32, {1}, b.data(), out_b.data());
+  auto ready_a = std::make_shared<CountingEvent>();
+  auto ready_b = std::make_shared<CountingEvent>();
+  ea.ready = ready_a;
+  eb.ready = ready_b;
+  ea.request.prescale = eb.request.prescale = 2.0;
+  ex.execute(execute(OpType::kAllreduce, {&ea, &eb}), {&ea, &eb});
+  // Both waits first, then packing, scaling, the collective, unpacking.
+  CHECK_EQ(memory.log, (std::vector<std::string>{"wait", "wait", "copy", "copy", "scale",
+                                                 "copy", "copy"}));
+  CHECK_EQ(ready_a->waits, 1);
+  CHECK_EQ(ready_b->waits, 1);
+  CHECK_EQ(backend.calls.size(), size_t{1});
+  CHECK_EQ(out_a, (std::vector<float>{4, 8}));  // 2x prescale, then 2 ranks' Sum
+  CHECK_EQ(out_b, (std::vector<float>{12}));
+}
+
+TEST(device_memory_serves_the_size1_allgather_copy) {
+  LoggingMemory memory;
+  Executor ex(nullptr, 1, 0, {}, &memory);
+  std::vector<int32_t> in = {5, 6};
+  std::vector<int32_t> out(2, 0);
+  Entry e = entry("g", OpType::kAllgather, DataType::kInt32, {2}, in.data(), nullptr);
+  e.allocate = [&out](int64_t rows) {
+    CHECK_EQ(rows, int64_t{2});
+    return static_cast<void*>(out.data());
+  };
+  Response r = execute(OpType::kAllgather, {&e});
+  r.first_dims = {{2}};
+  ex.execute(r, {&e});
+  CHECK_EQ(out, in);
+  CHECK_EQ(memory.log, (std::vector<std::string>{"copy"}));
+}

@@ -77,9 +77,12 @@ TEST(different_dtypes_ops_scales_or_process_sets_do_not_merge) {
   post.request.postscale = 2.0;
   ReadyOp ps = op("ps", 1);
   ps.request.process_set = 1;
-  for (const ReadyOp& r : {half, max, avg, pre, post, ps}) ready.push_back(r);
+  ReadyOp gpu = op("gpu", 1);  // device memory never shares a host fusion buffer
+  gpu.request.device = 0;
+  gpu.request.plane = Plane::kDevice;
+  for (const ReadyOp& r : {half, max, avg, pre, post, ps, gpu}) ready.push_back(r);
   CHECK_EQ(order(planFusion(ready, 1 << 20)),
-           (Names{"base", "half", "max", "avg", "pre", "post", "ps"}));
+           (Names{"base", "half", "max", "avg", "pre", "post", "ps", "gpu"}));
 }
 
 TEST(groups_keep_first_ready_order) {

@@ -31,6 +31,8 @@ Request sampleRequest() {
   q.postscale = -1e300;
   q.name = "grad/layer.0/weight";
   q.shape = {2, 0, 5, int64_t{1} << 40};
+  q.device = 1;
+  q.plane = Plane::kDevice;
   return q;
 }
 
@@ -115,6 +117,24 @@ TEST(request_round_trip_keeps_every_field) {
   CHECK_EQ(back.postscale, -1e300);
   CHECK_EQ(back.name, q.name);
   CHECK_EQ(back.shape, q.shape);
+  CHECK_EQ(back.device, q.device);
+  CHECK_EQ(back.plane, q.plane);
+}
+
+TEST(request_device_and_plane_round_trip_and_compare) {
+  Request q = sampleRequest();
+  q.device = 3;
+  q.plane = Plane::kStaged;
+  Request back = decodeRequest(encode(q));
+  CHECK(back == q);
+  CHECK_EQ(back.device, 3);
+  CHECK_EQ(back.plane, Plane::kStaged);
+  CHECK_EQ(back.deviceString(), std::string("cuda:3 (host-staged)"));
+  Request cpu = q;
+  cpu.device = -1;
+  cpu.plane = Plane::kHost;
+  CHECK(!(cpu == q));
+  CHECK_EQ(cpu.deviceString(), std::string("cpu"));
 }
 
 TEST(request_round_trip_scalar_and_every_enum_value) {

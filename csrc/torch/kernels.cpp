@@ -1,4 +1,6 @@
-// CPU kernels: submit to the engine and, for the blocking forms, wait.
+// The kernels: submit to the engine and, for the blocking forms, wait. One
+// set serves CPU and CUDA tensors (the adapter picks the data plane from the
+// tensor's device), registered under both dispatch keys.
 #include <torch/library.h>
 
 #include "adapter.h"
@@ -147,9 +149,7 @@ bool poll(int64_t handle) { return pollHandle(handle); }
 
 at::Tensor synchronize(int64_t handle) { return waitHandle(handle); }
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(hvd_torch, CPU, m) {
+void registerTensorKernels(torch::Library& m) {
   m.impl("allreduce", allreduce);
   m.impl("allreduce_", allreduceInPlace);
   m.impl("allreduce_async", allreduceAsync);
@@ -173,6 +173,15 @@ TORCH_LIBRARY_IMPL(hvd_torch, CPU, m) {
   m.impl("grouped_reducescatter_async", groupedReducescatterAsync);
   m.impl("alltoall_async", alltoallAsync);
 }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(hvd_torch, CPU, m) { registerTensorKernels(m); }
+
+#ifdef HVD_TORCH_WITH_CUDA
+TORCH_LIBRARY_IMPL(hvd_torch, CUDA, m) { registerTensorKernels(m); }
+#endif
+
 
 // Ops without a tensor argument have no dispatch key to select a backend:
 // a composite kernel serves every key (and autograd has nothing to track).

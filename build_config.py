@@ -1,0 +1,97 @@
+"""Where the build finds CUDA, NCCL and Gloo: one place, shared by setup.py and
+the CUDA compile check (tests/test_cuda_build.py).
+
+Features are detected, not chosen: CUDA sources compile when torch is a CUDA
+build and nvcc is found; NCCL links when the nvidia-nccl wheel that torch uses
+is installed. HVD_TORCH_GLOO_ROOT points at a Gloo outside /usr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import importlib.util
+import os
+import shutil
+
+GLOO_ROOT_ENV = "HVD_TORCH_GLOO_ROOT"
+# Where scripts/setup.sh unpacks NCCL's headers for the compile-only check on a
+# machine without the NCCL wheel (a CPU build of torch).
+NCCL_HEADERS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build",
+                                "nccl-headers", "nvidia", "nccl", "include")
+
+
+@dataclasses.dataclass
+class Paths:
+    include_dirs: list[str]
+    library_dirs: list[str]
+    library: str = ""
+
+
+def nvcc_path() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+        return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def cuda_home() -> str | None:
+    """The CUDA toolkit's root (its include/ has cuda_runtime_api.h)."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = nvcc_path()
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    for home in candidates:
+        if home and os.path.exists(os.path.join(home, "include", "cuda_runtime_api.h")):
+            return home
+    return None
+
+
+def cuda_enabled() -> bool:
+    """The one place that decides whether CUDA sources are compiled."""
+    import torch
+
+    return torch.version.cuda is not None and nvcc_path() is not None
+
+
+def gloo_paths() -> Paths:
+    """Debian's libgloo-dev under / or under $HVD_TORCH_GLOO_ROOT."""
+    root = os.environ.get(GLOO_ROOT_ENV, "/")
+    include = os.path.join(root, "usr", "include")
+    if not os.path.exists(os.path.join(include, "gloo", "allreduce.h")):
+        where = f"{GLOO_ROOT_ENV}={root}" if root != "/" else "/usr/include"
+        raise SystemExit(
+            f"hvd-torch needs Debian's Gloo (libgloo-dev), not found under {where}: run "
+            "`apt-get install -y libgloo-dev` or `make setup`, or unpack the .deb files "
+            f"(`dpkg -x libgloo-dev_*.deb DIR`, likewise libgloo0) and set {GLOO_ROOT_ENV}=DIR. "
+            "See docs/architecture.md, 'Which Gloo'.")
+    if root == "/":
+        return Paths([], [])  # the compiler's default paths
+    libs = sorted({os.path.dirname(p) for p in glob.glob(os.path.join(root, "usr", "lib", "**",
+                                                                       "libgloo.so*"),
+                                                         recursive=True)})
+    return Paths([include], libs)
+
+
+def nccl_include_dir() -> str | None:
+    """nccl.h from the installed nvidia-nccl wheel, else from build/nccl-headers."""
+    spec = importlib.util.find_spec("nvidia.nccl") if importlib.util.find_spec("nvidia") else None
+    for base in (list(spec.submodule_search_locations) if spec else []):
+        if os.path.exists(os.path.join(base, "include", "nccl.h")):
+            return os.path.join(base, "include")
+    if os.path.exists(os.path.join(NCCL_HEADERS_DIR, "nccl.h")):
+        return NCCL_HEADERS_DIR
+    return None
+
+
+def nccl_paths() -> Paths | None:
+    """Headers and library of the NCCL wheel torch uses; None when absent."""
+    include = nccl_include_dir()
+    if include is None:
+        return None
+    lib = os.path.join(os.path.dirname(include), "lib")
+    if not glob.glob(os.path.join(lib, "libnccl.so*")):
+        return None  # headers only (the compile check): nothing to link
+    # The wheel ships libnccl.so.2 without the unversioned link name.
+    name = "nccl" if os.path.exists(os.path.join(lib, "libnccl.so")) else ":libnccl.so.2"
+    return Paths([include], [lib], name)
