@@ -9,6 +9,7 @@ import functools
 import warnings
 
 import torch
+from torch.distributed import DistNetworkError
 
 from hvd_torch.basics import Average, Sum
 from hvd_torch.compression import Compression
@@ -16,7 +17,6 @@ from hvd_torch.exceptions import HorovodInternalError
 from hvd_torch.process_sets import global_process_set, process_set_id
 
 _ops = torch.ops.hvd_torch
-_INTERNAL = "HorovodInternalError: "
 
 
 # Fake kernels: shapes and dtypes without communication, for FakeTensor,
@@ -67,17 +67,20 @@ def _broadcast_inplace_fake(tensor, root_rank=0, name="", process_set_id=0):
 
 
 def _translate_errors(fn):
-    """Engine failures (a dead peer, shutdown) become HorovodInternalError."""
+    """Engine failures become HorovodInternalError, decided by the error's type.
+
+    The C++ layer raises a peer failure or a shutdown as
+    torch.distributed.DistNetworkError, a caller's mistake as ValueError and a
+    broken invariant as a plain RuntimeError (csrc/torch/adapter.cc,
+    docs/errors.md); only the first is translated.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except RuntimeError as e:
-            msg = str(e)
-            if _INTERNAL in msg:
-                raise HorovodInternalError(msg.split(_INTERNAL, 1)[1].split("\n")[0]) from None
-            raise
+        except DistNetworkError as e:
+            raise HorovodInternalError(str(e)) from None
 
     return wrapper
 

@@ -69,6 +69,7 @@ std::string Coordinator::add(Arrival arrival) {
     }
     arrival.request = (*slot)[arrival.rank];
   }
+  if (arrival.request.type == OpType::kRemoveProcessSet) failOpsOfRemovedSet(arrival);
   const std::string name = arrival.request.name;
   std::vector<int> members;
   if (!sets_.find(arrival.request.process_set, &members) ||
@@ -101,6 +102,39 @@ std::string Coordinator::add(Arrival arrival) {
   return "";
 }
 
+void Coordinator::failOpsOfRemovedSet(const Arrival& removal) {
+  // remove_process_set() blocks its caller until every rank asks for the
+  // removal; an op on the set that this member has not submitted would wait
+  // for it forever (and the other members, inside that op, would never ask).
+  // Fail those ops now, on the ranks that submitted them, naming the remover.
+  if (removal.request.splits.empty()) return;
+  const int32_t id = static_cast<int32_t>(removal.request.splits[0]);
+  for (auto it = table_.begin(); it != table_.end();) {
+    Pending& p = it->second;
+    if (p.process_set != id || p.ready || p.arrived[removal.rank] ||
+        indexIn(p.members, removal.rank) < 0) {
+      ++it;
+      continue;
+    }
+    std::vector<int> waiting;
+    for (int r : p.members)
+      if (p.arrived[r]) waiting.push_back(r);
+    Response r;
+    r.kind = Response::kError;
+    r.type = p.by_rank[waiting.at(0)].request.type;
+    r.names = {p.name};
+    r.process_set = id;
+    r.cache_ids = {-1};
+    r.error = std::string(opTypeName(r.type)) + " '" + p.name + "' on process set " +
+              std::to_string(id) + ": rank " + std::to_string(removal.rank) +
+              " called remove_process_set() for this set without submitting it (ranks " +
+              rankList(waiting) +
+              " did); every rank must finish its operations on a set before removing it";
+    failed_.push_back(std::move(r));
+    it = table_.erase(it);
+  }
+}
+
 std::vector<Response> Coordinator::takeReady() {
   std::vector<ReadyOp> ops;
   ops.reserve(ready_.size());
@@ -126,6 +160,8 @@ std::vector<Response> Coordinator::takeReady() {
     op.response.cache_ids = {-1};
   }
   std::vector<Response> out = planFusion(std::move(ops), fusion_threshold_);
+  out.insert(out.begin(), failed_.begin(), failed_.end());
+  failed_.clear();
   // "Everyone joined" goes last: after every op that the last join released.
   out.insert(out.end(), joins_done_.begin(), joins_done_.end());
   joins_done_.clear();
@@ -350,9 +386,8 @@ std::string Coordinator::reduceInline(const std::vector<Request>& reqs,
     fn(&acc[0], acc.data(), tmp.data(), n);
   }
   // Joined ranks contribute nothing, and Average divides by those who did.
-  if (q.reduce_op == ReduceOp::kAverage)
-    divideBuffer(&acc[0], n, q.dtype, static_cast<int>(arrivals.size()));
-  scaleBuffer(&acc[0], n, q.dtype, q.postscale);
+  postscaleBuffer(&acc[0], n, q.dtype, q.reduce_op, static_cast<int>(arrivals.size()),
+                  q.postscale);
   return acc;
 }
 

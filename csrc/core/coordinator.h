@@ -92,6 +92,10 @@ class Coordinator {
   // Grouped keys every rank submitted, held until the whole group has.
   std::unordered_map<std::string, std::vector<std::string>> groups_;
   std::vector<Response> joins_done_;  // "every rank has joined", to emit last
+  // Ops failed because a rank that never submitted them asked to remove their
+  // process set (it waits in the removal, so they could never complete).
+  std::vector<Response> failed_;
+  void failOpsOfRemovedSet(const Arrival& removal);
 };
 
 }  // namespace hvd

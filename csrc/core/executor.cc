@@ -62,8 +62,7 @@ void Executor::reducescatter(Entry& e, int divisor) {
   char* out = static_cast<char*>(e.allocate(mine.rows));
   char* slice = buf + mine.offset * row_bytes;
   const size_t count = static_cast<size_t>(mine.rows * q.rowElements());
-  if (q.reduce_op == ReduceOp::kAverage) divideBuffer(slice, count, q.dtype, divisor);
-  scaleBuffer(slice, count, q.dtype, q.postscale);
+  postscaleBuffer(slice, count, q.dtype, q.reduce_op, divisor, q.postscale);
   std::memcpy(out, slice, count * dataTypeSize(q.dtype));
 }
 
@@ -117,8 +116,7 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
     backend_->allreduce(buf, total, q.dtype,
                         q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op);
   }
-  if (q.reduce_op == ReduceOp::kAverage) divideBuffer(buf, total, q.dtype, divisor);
-  scaleBuffer(buf, total, q.dtype, q.postscale);
+  postscaleBuffer(buf, total, q.dtype, q.reduce_op, divisor, q.postscale);
   if (entries.size() > 1) {
     size_t off = 0;
     for (Entry* e : entries) {
