@@ -67,12 +67,29 @@ def shutdown():
 atexit.register(shutdown)
 
 is_initialized = _C.is_initialized
-rank = _C.rank
-size = _C.size
-local_rank = _C.local_rank
-local_size = _C.local_size
-cross_rank = _C.cross_rank
-cross_size = _C.cross_size
+
+
+def _topology(name):
+    """rank(), size(), ...: Horovod raises ValueError before init(), so do we."""
+    query = getattr(_C, name)
+
+    def fn():
+        if not _C.is_initialized():
+            raise ValueError(f"hvd_torch.{name} was called before hvd_torch.init(): "
+                             "call hvd.init() first")
+        return query()
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = query.__doc__
+    return fn
+
+
+rank = _topology("rank")
+size = _topology("size")
+local_rank = _topology("local_rank")
+local_size = _topology("local_size")
+cross_rank = _topology("cross_rank")
+cross_size = _topology("cross_size")
 gloo_built = _C.gloo_built
 nccl_built = _C.nccl_built
 cuda_built = _C.cuda_built
