@@ -34,7 +34,7 @@ def _rank_main():
         try:
             hvd.allgather(torch.ones(1), name="gather.while.joined")
             res["gather_while_joined"] = None
-        except RuntimeError as e:
+        except ValueError as e:
             res["gather_while_joined"] = str(e)
     res["last.gather"] = hvd.join()
     res["after.gather"] = hvd.allgather(torch.ones(1), name="gather.after")
