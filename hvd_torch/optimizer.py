@@ -26,6 +26,12 @@ _PENDING_MESSAGE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
     "optimizer.synchronize(). This is prohibited as it can cause a race condition."
 )
+# Horovod's warning, word for word, for scripts that filter on it.
+_STEP_AFTER_SYNCHRONIZE = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after "
+    "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+    "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code."
+)
 _TOO_MANY_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
     "Increase backward_passes_per_step to accumulate gradients locally."
@@ -87,6 +93,10 @@ class _DistributedOptimizer:
 
     def _hook(self, params):
         """Registers the gradient hook on those of `params` that require grad."""
+        if not self.process_set.included():
+            # A rank outside the set steps on its own gradients, as in Horovod
+            # (its synchronize() does nothing): nothing to hook.
+            return
         # The hooks hold the optimizer weakly: once the user drops it, they do nothing.
         ref = weakref.ref(self)
         for p in params:
@@ -187,6 +197,9 @@ class _DistributedOptimizer:
         gradient if it has none. Every rank does the same, so the ranks that
         did compute it are not left waiting.
         """
+        if not self.process_set.included():
+            self._synchronized = True
+            return
         with self._hvd_lock:
             error = None
             try:
@@ -233,9 +246,12 @@ class _DistributedOptimizer:
             # on and steps with gradients that are still in flight).
             with torch.enable_grad():
                 loss = closure()
+        if self._should_synchronize and self._synchronized:
+            warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=2)
         if self._should_synchronize and not (self._synchronized and not self._handles):
             # (Already synchronized and no backward since: the gradients are
-            # averaged; reducing them again would be wasted work, or wrong for Sum.)
+            # averaged; reducing them again would be wasted work, or wrong for
+            # Sum. Horovod warns as above and reduces them again.)
             self.synchronize()
         self._synchronized = False
         super().step()

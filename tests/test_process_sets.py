@@ -223,6 +223,9 @@ def test_disjoint_sets_run_concurrently():
 def test_errors_on_every_rank(nranks):
     for rank, res in enumerate(_launch(nranks)):
         other = list(range(1 - rank % 2, nranks, 2))
+        for kind in ("not_member", "unregistered", "root_outside", "mismatch", "duplicate",
+                     "out_of_range"):  # Horovod raises ValueError for each of these
+            assert res[kind].startswith("ValueError: "), (kind, res[kind])
         assert f"rank {rank} is not in process set" in res["not_member"], res["not_member"]
         assert f"(ranks {other})" in res["not_member"]
         assert "is not registered" in res["unregistered"]

@@ -69,7 +69,17 @@ std::string Coordinator::add(Arrival arrival) {
     }
     arrival.request = (*slot)[arrival.rank];
   }
-  if (arrival.request.type == OpType::kRemoveProcessSet) failOpsOfRemovedSet(arrival);
+  if (arrival.request.type == OpType::kRemoveProcessSet && !arrival.request.splits.empty()) {
+    const int32_t id = static_cast<int32_t>(arrival.request.splits[0]);
+    std::vector<int> members;
+    if (sets_.find(id, &members) && indexIn(members, arrival.rank) >= 0) {
+      removing_[id].push_back(arrival.rank);
+      std::vector<std::string> keys;
+      for (const auto& [key, pending] : table_)
+        if (pending.process_set == id) keys.push_back(key);
+      for (const auto& key : keys) failIfStranded(key);
+    }
+  }
   const std::string name = arrival.request.name;
   std::vector<int> members;
   if (!sets_.find(arrival.request.process_set, &members) ||
@@ -95,6 +105,7 @@ std::string Coordinator::add(Arrival arrival) {
   p.arrived[arrival.rank] = true;
   p.by_rank[arrival.rank] = std::move(arrival);
   ++p.count;
+  if (!removing_.empty() && failIfStranded(key)) return "";
   if (!p.ready && readyToRun(p)) {
     p.ready = true;
     markReady(key, p);
@@ -102,37 +113,38 @@ std::string Coordinator::add(Arrival arrival) {
   return "";
 }
 
-void Coordinator::failOpsOfRemovedSet(const Arrival& removal) {
+bool Coordinator::failIfStranded(const std::string& key) {
   // remove_process_set() blocks its caller until every rank asks for the
-  // removal; an op on the set that this member has not submitted would wait
-  // for it forever (and the other members, inside that op, would never ask).
-  // Fail those ops now, on the ranks that submitted them, naming the remover.
-  if (removal.request.splits.empty()) return;
-  const int32_t id = static_cast<int32_t>(removal.request.splits[0]);
-  for (auto it = table_.begin(); it != table_.end();) {
-    Pending& p = it->second;
-    if (p.process_set != id || p.ready || p.arrived[removal.rank] ||
-        indexIn(p.members, removal.rank) < 0) {
-      ++it;
-      continue;
-    }
-    std::vector<int> waiting;
-    for (int r : p.members)
-      if (p.arrived[r]) waiting.push_back(r);
-    Response r;
-    r.kind = Response::kError;
-    r.type = p.by_rank[waiting.at(0)].request.type;
-    r.names = {p.name};
-    r.process_set = id;
-    r.cache_ids = {-1};
-    r.error = std::string(opTypeName(r.type)) + " '" + p.name + "' on process set " +
-              std::to_string(id) + ": rank " + std::to_string(removal.rank) +
-              " called remove_process_set() for this set without submitting it (ranks " +
-              rankList(waiting) +
-              " did); every rank must finish its operations on a set before removing it";
-    failed_.push_back(std::move(r));
-    it = table_.erase(it);
-  }
+  // removal; an op on the set that a removing member has not submitted would
+  // wait for it forever (and the other members, inside that op, would never
+  // ask). Fail such an op now, on the ranks that submitted it, naming the
+  // remover: whichever of the op and the removal reaches rank 0 first.
+  auto it = table_.find(key);
+  if (it == table_.end() || it->second.ready) return false;
+  Pending& p = it->second;
+  auto removing = removing_.find(p.process_set);
+  if (removing == removing_.end()) return false;
+  int remover = -1;
+  for (int r : removing->second)
+    if (!p.arrived[r]) remover = r;
+  if (remover < 0) return false;
+  std::vector<int> waiting;
+  for (int r : p.members)
+    if (p.arrived[r]) waiting.push_back(r);
+  Response r;
+  r.kind = Response::kError;
+  r.type = p.by_rank[waiting.at(0)].request.type;
+  r.names = {p.name};
+  r.process_set = p.process_set;
+  r.cache_ids = {-1};
+  r.error = std::string(opTypeName(r.type)) + " '" + p.name + "' on process set " +
+            std::to_string(p.process_set) + ": rank " + std::to_string(remover) +
+            " called remove_process_set() for this set without submitting it (ranks " +
+            rankList(waiting) +
+            " did); every rank must finish its operations on a set before removing it";
+  failed_.push_back(std::move(r));
+  table_.erase(it);
+  return true;
 }
 
 std::vector<Response> Coordinator::takeReady() {
@@ -189,6 +201,10 @@ ReadyOp Coordinator::negotiate(const std::string& key, Pending& p) {
     all_same_slot = all_same_slot && a.cache_id >= 0 && a.cache_id == arrivals[0].cache_id;
   op.request = reqs[0];
   r.type = reqs[0].type;
+  if (r.type == OpType::kRemoveProcessSet) {
+    for (const auto& q : reqs)  // negotiated now, whatever the outcome
+      if (!q.splits.empty()) removing_.erase(static_cast<int32_t>(q.splits[0]));
+  }
 
   // A slot every rank named was validated when it was created: skip the checks.
   std::string error = all_same_slot ? "" : validate(reqs, ranks);

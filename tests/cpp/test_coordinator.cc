@@ -652,4 +652,32 @@ TEST(remove_process_set_fails_ops_the_remover_never_submitted) {
   CHECK(contains(d.add(arrive(0, op)), "does not exist"));
 }
 
+// The other order: the removal reaches rank 0 first, then an op on the set
+// from a member the remover will never join in it.
+TEST(an_op_arriving_after_a_members_removal_request_fails_at_once) {
+  Coordinator d(4, kNoFusion, 16);
+  const int32_t trio = addSet(d, 4, {0, 1, 2}, "add.0");
+  Request rm = req("rm", {}, DataType::kUInt8, OpType::kRemoveProcessSet);
+  rm.splits = {trio};
+  CHECK_EQ(d.add(arrive(2, rm)), "");
+  Request op = req("late");
+  op.process_set = trio;
+  CHECK_EQ(d.add(arrive(0, op)), "");
+  std::vector<Response> out = d.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kError);
+  CHECK(contains(out[0].error, "rank 2 called remove_process_set()"));
+  CHECK(contains(out[0].error, "(ranks [0] did)"));
+  // After the removal negotiates, nothing is left marked as being removed:
+  // a new set's ops run.
+  for (int r : {0, 1, 3}) CHECK_EQ(d.add(arrive(r, rm)), "");
+  out = d.takeReady();
+  if (CHECK_EQ(out.size(), 1u)) CHECK_EQ(out[0].kind, Response::kDone);
+  const int32_t again = addSet(d, 4, {0, 1, 2}, "add.1");
+  op.process_set = again;
+  for (int r = 0; r < 3; ++r) CHECK_EQ(d.add(arrive(r, op)), "");
+  out = d.takeReady();
+  if (CHECK_EQ(out.size(), 1u)) CHECK(out[0].kind != Response::kError);
+}
+
 int main() { return check::runAll(); }
