@@ -197,6 +197,13 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     return compression.decompress(out, ctx)
 
 
+def _splits(splits):
+    """Horovod also takes splits as a list of ints."""
+    if splits is None or isinstance(splits, torch.Tensor):
+        return splits
+    return torch.tensor(list(splits), dtype=torch.int32)
+
+
 # Handles of async alltoalls: synchronize() returns (output, received_splits) for them.
 _alltoall_handles = set()
 
@@ -204,7 +211,7 @@ _alltoall_handles = set()
 @_translate_errors
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; synchronize(handle) returns (output, received_splits)."""
-    handle = _ops.alltoall_async(tensor, splits, name or "", _ps(process_set))
+    handle = _ops.alltoall_async(tensor, _splits(splits), name or "", _ps(process_set))
     _alltoall_handles.add(handle)
     return handle
 
@@ -217,7 +224,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     tensor, and with `splits` also the rows received from each rank (int32),
     as Horovod does. Differentiable: the gradient is sent back the same way.
     """
-    output, received = _ops.alltoall(tensor, splits, name or "", _ps(process_set))
+    output, received = _ops.alltoall(tensor, _splits(splits), name or "", _ps(process_set))
     return output if splits is None else (output, received)
 
 

@@ -313,6 +313,9 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
   const int64_t rows = tensor.size(0);
   std::vector<int64_t> send;
   if (splits.has_value() && splits->defined()) {
+    TORCH_CHECK_VALUE(at::isIntegralType(splits->scalar_type(), /*includeBool=*/false),
+                      "hvd_torch.alltoall '", name, "': splits must be an integer tensor, got ",
+                      splits->scalar_type());
     const at::Tensor s = splits->to(at::kLong).contiguous();
     TORCH_CHECK_VALUE(s.dim() == 1 && s.numel() == size, "hvd_torch.alltoall '", name,
                 "': splits must be a 1-D tensor with one entry per rank (", size, "), got shape ",
