@@ -5,7 +5,7 @@ import os
 
 import torch  # noqa: F401  (loads libtorch before our extension)
 
-from hvd_torch import _C
+from hvd_torch import _C, horovod_env
 from hvd_torch import process_sets as process_sets_module
 
 # Horovod's reduce op constants (horovod/common/message.h numbering).
@@ -48,6 +48,7 @@ def init(comm=None, process_sets=None):
                              "objects or 'dynamic'")
     if _C.is_initialized():
         return
+    horovod_env.check()  # no HOROVOD_* variable is silently ignored
     if "HVD_TORCH_ELASTIC_WORKER_ID" in os.environ:
         # An elastic worker's rank, size and rendezvous scope come from the driver,
         # round by round (hvd_torch/elastic/worker_rendezvous.py).
