@@ -197,6 +197,48 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     return compression.decompress(out, ctx)
 
 
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Starts Horovod's sparse allreduce of a sparse COO `tensor`: an allgather
+    of its indices and one of its values (every rank's entries, concatenated;
+    duplicates are summed when the result is coalesced). Returns a handle for
+    synchronize(), which returns the sparse result; Average divides the values
+    by the set's size, as Horovod does. Ranks may have different numbers of
+    entries. Only Average and Sum: Min/Max/Product of scattered entries are not
+    defined (Horovod computes a Sum for them silently).
+    """
+    if not tensor.is_sparse:
+        raise ValueError(f"sparse_allreduce_async '{name}': the tensor is not sparse "
+                         f"(layout {tensor.layout}); use allreduce_async")
+    if op not in (Average, Sum):
+        raise ValueError(f"sparse_allreduce_async '{name}': op {op} is not supported "
+                         "(Average=0 or Sum=1)")
+    # Allgather concatenates along dimension 0: indices go as (nnz, ndim) rows.
+    indices = allgather_async(tensor._indices().transpose(0, 1).contiguous(),
+                              name=f"{name}.indices" if name else None, process_set=process_set)
+    values = allgather_async(tensor._values().contiguous(),
+                             name=f"{name}.values" if name else None, process_set=process_set)
+    return _SparseHandle(indices, values, tensor.size(), op, process_set)
+
+
+class _SparseHandle:
+    """What sparse_allreduce_async returns; poll()/synchronize() take it, and
+    calling it (Horovod's handle is a function) synchronizes too."""
+
+    def __init__(self, indices, values, size, op, process_set):
+        self._handles = (indices, values)
+        self._size, self._op, self._process_set = size, op, process_set
+
+    def poll(self):
+        return all(_ops.poll(h) for h in self._handles)
+
+    def __call__(self):
+        values = synchronize(self._handles[1])  # values first, as Horovod does
+        indices = synchronize(self._handles[0])
+        if self._op == Average:
+            values = values / self._process_set.size()
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, self._size)
+
+
 def _splits(splits):
     """Horovod also takes splits as a list of ints."""
     if splits is None or isinstance(splits, torch.Tensor):
@@ -253,6 +295,8 @@ def poll(handle):
 
     if grouped.is_group_handle(handle):
         return grouped.poll_group(handle)
+    if isinstance(handle, _SparseHandle):
+        return handle.poll()
     return _ops.poll(handle)
 
 
@@ -263,6 +307,8 @@ def synchronize(handle):
 
     if grouped.is_group_handle(handle):
         return grouped.synchronize_group(handle)
+    if isinstance(handle, _SparseHandle):
+        return handle()
     if handle in _alltoall_handles:
         _alltoall_handles.discard(handle)
         return _ops.synchronize_alltoall(handle)

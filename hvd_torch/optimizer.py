@@ -20,7 +20,8 @@ import torch
 
 from hvd_torch.basics import Adasum, Average, Max, Min, Product, Sum
 from hvd_torch.compression import Compression, _CastCompressor
-from hvd_torch.ops import allreduce_async_, global_process_set, synchronize
+from hvd_torch.ops import (allreduce_async_, global_process_set, sparse_allreduce_async,
+                           synchronize)
 
 _PENDING_MESSAGE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
@@ -146,12 +147,17 @@ class _DistributedOptimizer:
             p.grad = torch.zeros_like(p)
         grad = p.grad
         sparse = grad.is_sparse
-        if sparse:
-            if not self.sparse_as_dense:
+        if sparse and not self.sparse_as_dense:
+            # Horovod's sparse path: allgather indices and values (names on
+            # the wire as Horovod's: allgather.<parameter>.indices/.values).
+            if self.op not in (Average, Sum):
                 raise ValueError(
                     f"DistributedOptimizer: parameter '{self._parameter_names[p]}' has a sparse "
-                    "gradient, and sparse allreduce is not supported; pass sparse_as_dense=True "
-                    "to reduce it as a dense tensor")
+                    f"gradient, which reduces with Average or Sum only (op={self.op})")
+            handle = sparse_allreduce_async(grad, "allgather." + self._parameter_names[p],
+                                            self.op, process_set=self.process_set)
+            return _InFlight(handle, None, None, grad, False)
+        if sparse:
             dense = grad.to_dense()
         else:
             dense = grad
@@ -171,6 +177,9 @@ class _DistributedOptimizer:
         return self.op, 1.0, 1.0
 
     def _finish(self, p, work):
+        if work.buffer is None:  # sparse allreduce: the result is a new sparse tensor
+            p.grad = synchronize(work.handle)
+            return
         synchronize(work.handle)
         if work.buffer is work.target:
             return  # reduced in place, nothing to copy
@@ -479,8 +488,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             engine fuses; members without a gradient go at synchronize().
         sparse_as_dense: reduce sparse gradients (e.g. nn.Embedding(sparse=True))
             as dense tensors and turn the result back into a sparse gradient.
-            Without it a sparse gradient raises a ValueError: sparse allreduce
-            is not supported.
+            Without it a sparse gradient goes through sparse_allreduce_async
+            (an allgather of its indices and values, as Horovod does).
         process_set: the ranks that average gradients together (default: all);
             every rank of the set must train with this optimizer.
     """
