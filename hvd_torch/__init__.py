@@ -25,7 +25,8 @@ from hvd_torch.grouped import (  # noqa: F401
 from hvd_torch.ops import (  # noqa: F401
     allgather, allgather_async, allreduce, allreduce_, allreduce_async,
     allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
-    broadcast_async_, join, poll, reducescatter, reducescatter_async, synchronize,
+    broadcast_async_, join, poll, reducescatter, reducescatter_async, sparse_allreduce_async,
+    synchronize,
 )
 from hvd_torch.optimizer import DistributedOptimizer  # noqa: F401
 from hvd_torch.process_sets import (  # noqa: F401

@@ -5,7 +5,7 @@ import os
 
 import torch  # noqa: F401  (loads libtorch before our extension)
 
-from hvd_torch import _C
+from hvd_torch import _C, gpu, horovod_env
 from hvd_torch import process_sets as process_sets_module
 
 # Horovod's reduce op constants (horovod/common/message.h numbering).
@@ -48,6 +48,8 @@ def init(comm=None, process_sets=None):
                              "objects or 'dynamic'")
     if _C.is_initialized():
         return
+    horovod_env.check()  # no HOROVOD_* variable is silently ignored
+    gpu.requested_operations()  # a bad HOROVOD_GPU_OPERATIONS fails before the rendezvous
     if "HVD_TORCH_ELASTIC_WORKER_ID" in os.environ:
         # An elastic worker's rank, size and rendezvous scope come from the driver,
         # round by round (hvd_torch/elastic/worker_rendezvous.py).
@@ -55,8 +57,6 @@ def init(comm=None, process_sets=None):
 
         worker_rendezvous.join_round()
     _C.init()
-    from hvd_torch import gpu
-
     gpu.configure()
     process_sets_module._after_init(process_sets)
 
@@ -70,12 +70,29 @@ def shutdown():
 atexit.register(shutdown)
 
 is_initialized = _C.is_initialized
-rank = _C.rank
-size = _C.size
-local_rank = _C.local_rank
-local_size = _C.local_size
-cross_rank = _C.cross_rank
-cross_size = _C.cross_size
+
+
+def _topology(name):
+    """rank(), size(), ...: Horovod raises ValueError before init(), so do we."""
+    query = getattr(_C, name)
+
+    def fn():
+        if not _C.is_initialized():
+            raise ValueError(f"hvd_torch.{name} was called before hvd_torch.init(): "
+                             "call hvd.init() first")
+        return query()
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = query.__doc__
+    return fn
+
+
+rank = _topology("rank")
+size = _topology("size")
+local_rank = _topology("local_rank")
+local_size = _topology("local_size")
+cross_rank = _topology("cross_rank")
+cross_size = _topology("cross_size")
 gloo_built = _C.gloo_built
 nccl_built = _C.nccl_built
 cuda_built = _C.cuda_built

@@ -23,13 +23,15 @@ CHOICES = ("NCCL", "GLOO")
 
 
 def requested_operations() -> str:
-    """HOROVOD_GPU_OPERATIONS, validated; NCCL by default when built."""
+    """HOROVOD_GPU_OPERATIONS, validated (hvd.init() calls it before the engine
+    starts, in every build); NCCL by default when built."""
     raw = os.environ.get(GPU_OPERATIONS, "").strip().upper()
     choice = raw or ("NCCL" if _C.nccl_built() else "GLOO")
     if choice not in CHOICES:
         raise ValueError(f"{GPU_OPERATIONS}={raw!r}: hvd-torch moves CUDA tensors with NCCL "
                          "or GLOO (host-staged)")
-    if choice == "NCCL" and not _C.nccl_built():
+    # A CPU-only build moves no CUDA tensor: asking for NCCL there changes nothing.
+    if choice == "NCCL" and _C.cuda_built() and not _C.nccl_built():
         raise ValueError(f"{GPU_OPERATIONS}=NCCL, but this build of hvd_torch has no NCCL "
                          "(hvd.nccl_built() is False): install the nvidia-nccl wheel torch uses "
                          f"and rebuild, or set {GPU_OPERATIONS}=GLOO")

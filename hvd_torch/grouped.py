@@ -41,7 +41,7 @@ def synchronize_group(handle):
     for h in members:  # wait for all, then raise the first error
         try:
             outputs.append(_ops.synchronize(h))
-        except RuntimeError as e:
+        except (RuntimeError, ValueError) as e:  # ValueError: a caller's mistake
             first_error = first_error or e
     if first_error is not None:
         raise first_error

@@ -9,6 +9,7 @@ import functools
 import warnings
 
 import torch
+from torch.distributed import DistNetworkError
 
 from hvd_torch.basics import Average, Sum
 from hvd_torch.compression import Compression
@@ -16,7 +17,6 @@ from hvd_torch.exceptions import HorovodInternalError
 from hvd_torch.process_sets import global_process_set, process_set_id
 
 _ops = torch.ops.hvd_torch
-_INTERNAL = "HorovodInternalError: "
 
 
 # Fake kernels: shapes and dtypes without communication, for FakeTensor,
@@ -67,17 +67,20 @@ def _broadcast_inplace_fake(tensor, root_rank=0, name="", process_set_id=0):
 
 
 def _translate_errors(fn):
-    """Engine failures (a dead peer, shutdown) become HorovodInternalError."""
+    """Engine failures become HorovodInternalError, decided by the error's type.
+
+    The C++ layer raises a peer failure or a shutdown as
+    torch.distributed.DistNetworkError, a caller's mistake as ValueError and a
+    broken invariant as a plain RuntimeError (csrc/torch/adapter.cc,
+    docs/errors.md); only the first is translated.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except RuntimeError as e:
-            msg = str(e)
-            if _INTERNAL in msg:
-                raise HorovodInternalError(msg.split(_INTERNAL, 1)[1].split("\n")[0]) from None
-            raise
+        except DistNetworkError as e:
+            raise HorovodInternalError(str(e)) from None
 
     return wrapper
 
@@ -194,6 +197,55 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     return compression.decompress(out, ctx)
 
 
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Starts Horovod's sparse allreduce of a sparse COO `tensor`: an allgather
+    of its indices and one of its values (every rank's entries, concatenated;
+    duplicates are summed when the result is coalesced). Returns a handle for
+    synchronize(), which returns the sparse result; Average divides the values
+    by the set's size, as Horovod does. Ranks may have different numbers of
+    entries. Only Average and Sum: Min/Max/Product of scattered entries are not
+    defined (Horovod computes a Sum for them silently).
+    """
+    if not tensor.is_sparse:
+        raise ValueError(f"sparse_allreduce_async '{name}': the tensor is not sparse "
+                         f"(layout {tensor.layout}); use allreduce_async")
+    if op not in (Average, Sum):
+        raise ValueError(f"sparse_allreduce_async '{name}': op {op} is not supported "
+                         "(Average=0 or Sum=1)")
+    # Allgather concatenates along dimension 0: indices go as (nnz, ndim) rows.
+    indices = allgather_async(tensor._indices().transpose(0, 1).contiguous(),
+                              name=f"{name}.indices" if name else None, process_set=process_set)
+    values = allgather_async(tensor._values().contiguous(),
+                             name=f"{name}.values" if name else None, process_set=process_set)
+    return _SparseHandle(indices, values, tensor.size(), op, process_set)
+
+
+class _SparseHandle:
+    """What sparse_allreduce_async returns; poll()/synchronize() take it, and
+    calling it (Horovod's handle is a function) synchronizes too."""
+
+    def __init__(self, indices, values, size, op, process_set):
+        self._handles = (indices, values)
+        self._size, self._op, self._process_set = size, op, process_set
+
+    def poll(self):
+        return all(_ops.poll(h) for h in self._handles)
+
+    def __call__(self):
+        values = synchronize(self._handles[1])  # values first, as Horovod does
+        indices = synchronize(self._handles[0])
+        if self._op == Average:
+            values = values / self._process_set.size()
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, self._size)
+
+
+def _splits(splits):
+    """Horovod also takes splits as a list of ints."""
+    if splits is None or isinstance(splits, torch.Tensor):
+        return splits
+    return torch.tensor(list(splits), dtype=torch.int32)
+
+
 # Handles of async alltoalls: synchronize() returns (output, received_splits) for them.
 _alltoall_handles = set()
 
@@ -201,7 +253,7 @@ _alltoall_handles = set()
 @_translate_errors
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; synchronize(handle) returns (output, received_splits)."""
-    handle = _ops.alltoall_async(tensor, splits, name or "", _ps(process_set))
+    handle = _ops.alltoall_async(tensor, _splits(splits), name or "", _ps(process_set))
     _alltoall_handles.add(handle)
     return handle
 
@@ -214,7 +266,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     tensor, and with `splits` also the rows received from each rank (int32),
     as Horovod does. Differentiable: the gradient is sent back the same way.
     """
-    output, received = _ops.alltoall(tensor, splits, name or "", _ps(process_set))
+    output, received = _ops.alltoall(tensor, _splits(splits), name or "", _ps(process_set))
     return output if splits is None else (output, received)
 
 
@@ -243,6 +295,8 @@ def poll(handle):
 
     if grouped.is_group_handle(handle):
         return grouped.poll_group(handle)
+    if isinstance(handle, _SparseHandle):
+        return handle.poll()
     return _ops.poll(handle)
 
 
@@ -253,6 +307,8 @@ def synchronize(handle):
 
     if grouped.is_group_handle(handle):
         return grouped.synchronize_group(handle)
+    if isinstance(handle, _SparseHandle):
+        return handle()
     if handle in _alltoall_handles:
         _alltoall_handles.discard(handle)
         return _ops.synchronize_alltoall(handle)

@@ -20,11 +20,18 @@ import torch
 
 from hvd_torch.basics import Adasum, Average, Max, Min, Product, Sum
 from hvd_torch.compression import Compression, _CastCompressor
-from hvd_torch.ops import allreduce_async_, global_process_set, synchronize
+from hvd_torch.ops import (allreduce_async_, global_process_set, sparse_allreduce_async,
+                           synchronize)
 
 _PENDING_MESSAGE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
     "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+)
+# Horovod's warning, word for word, for scripts that filter on it.
+_STEP_AFTER_SYNCHRONIZE = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after "
+    "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+    "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code."
 )
 _TOO_MANY_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
@@ -87,6 +94,10 @@ class _DistributedOptimizer:
 
     def _hook(self, params):
         """Registers the gradient hook on those of `params` that require grad."""
+        if not self.process_set.included():
+            # A rank outside the set steps on its own gradients, as in Horovod
+            # (its synchronize() does nothing): nothing to hook.
+            return
         # The hooks hold the optimizer weakly: once the user drops it, they do nothing.
         ref = weakref.ref(self)
         for p in params:
@@ -136,12 +147,17 @@ class _DistributedOptimizer:
             p.grad = torch.zeros_like(p)
         grad = p.grad
         sparse = grad.is_sparse
-        if sparse:
-            if not self.sparse_as_dense:
+        if sparse and not self.sparse_as_dense:
+            # Horovod's sparse path: allgather indices and values (names on
+            # the wire as Horovod's: allgather.<parameter>.indices/.values).
+            if self.op not in (Average, Sum):
                 raise ValueError(
                     f"DistributedOptimizer: parameter '{self._parameter_names[p]}' has a sparse "
-                    "gradient, and sparse allreduce is not supported; pass sparse_as_dense=True "
-                    "to reduce it as a dense tensor")
+                    f"gradient, which reduces with Average or Sum only (op={self.op})")
+            handle = sparse_allreduce_async(grad, "allgather." + self._parameter_names[p],
+                                            self.op, process_set=self.process_set)
+            return _InFlight(handle, None, None, grad, False)
+        if sparse:
             dense = grad.to_dense()
         else:
             dense = grad
@@ -161,6 +177,9 @@ class _DistributedOptimizer:
         return self.op, 1.0, 1.0
 
     def _finish(self, p, work):
+        if work.buffer is None:  # sparse allreduce: the result is a new sparse tensor
+            p.grad = synchronize(work.handle)
+            return
         synchronize(work.handle)
         if work.buffer is work.target:
             return  # reduced in place, nothing to copy
@@ -187,6 +206,9 @@ class _DistributedOptimizer:
         gradient if it has none. Every rank does the same, so the ranks that
         did compute it are not left waiting.
         """
+        if not self.process_set.included():
+            self._synchronized = True
+            return
         with self._hvd_lock:
             error = None
             try:
@@ -233,9 +255,12 @@ class _DistributedOptimizer:
             # on and steps with gradients that are still in flight).
             with torch.enable_grad():
                 loss = closure()
+        if self._should_synchronize and self._synchronized:
+            warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=2)
         if self._should_synchronize and not (self._synchronized and not self._handles):
             # (Already synchronized and no backward since: the gradients are
-            # averaged; reducing them again would be wasted work, or wrong for Sum.)
+            # averaged; reducing them again would be wasted work, or wrong for
+            # Sum. Horovod warns as above and reduces them again.)
             self.synchronize()
         self._synchronized = False
         super().step()
@@ -463,8 +488,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             engine fuses; members without a gradient go at synchronize().
         sparse_as_dense: reduce sparse gradients (e.g. nn.Embedding(sparse=True))
             as dense tensors and turn the result back into a sparse gradient.
-            Without it a sparse gradient raises a ValueError: sparse allreduce
-            is not supported.
+            Without it a sparse gradient goes through sparse_allreduce_async
+            (an allgather of its indices and values, as Horovod does).
         process_set: the ranks that average gradients together (default: all);
             every rank of the set must train with this optimizer.
     """

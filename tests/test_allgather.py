@@ -179,7 +179,8 @@ def test_allgather(nranks):
 
 
 @pytest.mark.parametrize("nranks", NRANKS)
-def test_gradient_is_the_summed_gradient_narrowed_to_own_rows(nranks):
+def test_gradient_is_the_averaged_gradient_narrowed_to_own_rows(nranks):
+    # Horovod's rule: Average-allreduce of the incoming gradient, then this rank's rows.
     results = [out["grad"] for out in _launch(nranks)]
     ranks = range(nranks)
     total = sum(_rows(r) for r in ranks)
@@ -188,12 +189,12 @@ def test_gradient_is_the_summed_gradient_narrowed_to_own_rows(nranks):
         offset = sum(_rows(r) for r in range(rank))
         for dtype in (torch.float32, torch.float64):
             summed = sum(_input(r, dtype, (total, 3), 301).double() for r in ranks)
-            expected = summed[offset : offset + _rows(rank)].to(dtype)
+            expected = (summed / nranks)[offset : offset + _rows(rank)].to(dtype)
             torch.testing.assert_close(
                 out[dtype], expected, msg=lambda m, what=what, dtype=dtype: f"{what} {dtype}: {m}"
             )
-        # d/ds sum_k (k + 1) * s_k, summed over ranks: nranks * (rank + 1).
-        expected = torch.tensor(float(nranks * (rank + 1)), dtype=torch.float64)
+        # d/ds sum_k (k + 1) * s_k, averaged over ranks: rank + 1.
+        expected = torch.tensor(float(rank + 1), dtype=torch.float64)
         assert out["scalar"].shape == () and torch.equal(out["scalar"], expected), (
             f"{what}: 0-d gradient {out['scalar']} != {expected}"
         )
@@ -202,6 +203,6 @@ def test_gradient_is_the_summed_gradient_narrowed_to_own_rows(nranks):
         start = sum(rows[:rank])
         torch.testing.assert_close(
             out["empty.rank0"],
-            summed[start : start + rows[rank]],
+            (summed / nranks)[start : start + rows[rank]],
             msg=lambda m, what=what: f"{what} rank 0 sends no rows: {m}",
         )

@@ -2,7 +2,7 @@
 cannot complete, use before init() and after shutdown(), and living next to
 torch.distributed's own Gloo in one process.
 
-A caller's mistake raises RuntimeError on every rank at once, naming the
+A caller's mistake raises ValueError on every rank at once, naming the
 tensor and each rank's value, and the job goes on; a dead peer raises
 HorovodInternalError within seconds.  See docs/errors.md.
 """
@@ -140,7 +140,9 @@ def _mismatches(hvd):
 
 def _duplicates(hvd):
     """For each rank d in turn: d submits the same name twice while the others
-    hold back, so d's first op cannot have completed when the second arrives."""
+    hold back, so d's first op cannot have completed when the second arrives.
+    The second submission raises at once (Horovod's ValueError), submits
+    nothing, and the name is free again once the first op has completed."""
     rank, size = hvd.rank(), hvd.size()
     res = []
     for dup in range(size):
@@ -148,15 +150,19 @@ def _duplicates(hvd):
         x = torch.full((3,), float(rank + 1))
         if rank == dup:
             first = hvd.allreduce_async(x, name=name, op=hvd.Sum)
-            second = _attempt(
-                lambda x=x, name=name: hvd.synchronize(
-                    hvd.allreduce_async(x, name=name, op=hvd.Sum)
-                )
+            second = _attempt(lambda x=x, name=name: hvd.allreduce_async(x, name=name, op=hvd.Sum))
+            group = hvd.grouped_allreduce_async([x, x], name=f"gdup.{dup}", op=hvd.Sum)
+            second_group = _attempt(
+                lambda x=x, dup=dup: hvd.grouped_allreduce_async([x, x], name=f"gdup.{dup}")
             )
-            res.append((second, hvd.synchronize(first)))
+            res.append((second, hvd.synchronize(first), second_group, hvd.synchronize(group)))
         else:
             time.sleep(0.25)
-            res.append((None, hvd.allreduce(x, name=name, op=hvd.Sum)))
+            out = hvd.allreduce(x, name=name, op=hvd.Sum)
+            res.append((None, out, None, hvd.grouped_allreduce([x, x], name=f"gdup.{dup}",
+                                                              op=hvd.Sum)))
+        # Completed: the same name may be used again.
+        res[-1] += (hvd.allreduce(x, name=name, op=hvd.Sum),)
     res.append(hvd.allreduce(torch.ones(1), name="dup.after", op=hvd.Sum))
     return res
 
@@ -313,7 +319,8 @@ def test_ops_before_init_raise_clearly():
     for name, outcome in out.items():
         assert outcome is not None, f"{name} before init() did not raise"
         exc_type, message = outcome
-        assert exc_type == "RuntimeError", (name, outcome)
+        # As Horovod: ValueError("Horovod has not been initialized; use hvd.init().")
+        assert exc_type == "ValueError", (name, outcome)
         assert "before hvd_torch.init()" in message and "hvd.init()" in message, (name, message)
         op = "allreduce" if name in ("raw", "allreduce_async") else name
         assert f"hvd_torch.{op}" in message, (name, message)
@@ -341,15 +348,24 @@ def test_duplicate_in_flight_name_raises(nranks):
     results = [out["duplicates"] for out in _caller_mistakes(nranks)]
     for rank, res in enumerate(results):
         for dup in range(nranks):
-            second, first = res[dup]
+            second, first, second_group, group, again = res[dup]
             expected = torch.full((3,), float(sum(r + 1 for r in range(nranks))))
             assert torch.equal(first, expected), f"rank {rank}, round {dup}: {first}"
+            assert torch.equal(again, expected), f"rank {rank}, round {dup}, reused: {again}"
+            assert len(group) == 2 and all(torch.equal(g, expected) for g in group), group
             if rank == dup:
-                assert second is not None and second[0] == "RuntimeError", second
+                exc_type, message, elapsed = second
+                assert exc_type == "ValueError", second
+                assert elapsed < 1.0, f"raised after {elapsed:.2f} s, not at submission"
                 assert (
-                    f"an operation named 'dup.{dup}' is already in flight on rank {rank}"
-                    in second[1]
-                ), second[1]
+                    f"allreduce 'dup.{dup}': an operation with the same name is already in "
+                    f"flight on rank {rank}" in message
+                ), message
+                exc_type, message, _ = second_group
+                assert exc_type == "ValueError", second_group
+                assert f"'gdup.{dup}.0'" in message and "already in flight" in message, message
+            else:
+                assert second is None and second_group is None
         assert torch.equal(res[-1], torch.tensor([float(nranks)]))
 
 
@@ -392,7 +408,7 @@ def test_mismatched_arguments_raise_on_every_rank_and_the_job_goes_on(nranks):
         what = f"rank {rank} of {nranks}"
         for kind, text in expected.items():
             exc_type, message, elapsed = res[kind]
-            assert exc_type == "RuntimeError", f"{what}, mismatched {kind}: {res[kind]}"
+            assert exc_type == "ValueError", f"{what}, mismatched {kind}: {res[kind]}"
             assert text in message, (
                 f"{what}, mismatched {kind}:\n  got      {message!r}\n  expected {text!r}"
             )
@@ -406,11 +422,11 @@ def test_mismatched_arguments_raise_on_every_rank_and_the_job_goes_on(nranks):
 
         for form in ("allreduce", "allgather", "broadcast"):
             exc_type, message, _ = res["complex." + form]
-            assert exc_type == "RuntimeError", (form, res["complex." + form])
+            assert exc_type == "ValueError", (form, res["complex." + form])
             assert "'cplx'" in message and "unsupported dtype" in message, message
             assert "complex64" in message or "ComplexFloat" in message, message
         exc_type, message, _ = res["adasum"]
-        assert exc_type == "RuntimeError" and "unsupported reduce op 2" in message, res["adasum"]
+        assert exc_type == "ValueError" and "unsupported reduce op 2" in message, res["adasum"]
         assert torch.equal(res["end"], torch.tensor([float(sum(range(nranks)))]))
 
     # Last, so the checks above run while this fails: allreduce on rank 0 and
@@ -419,7 +435,7 @@ def test_mismatched_arguments_raise_on_every_rank_and_the_job_goes_on(nranks):
     for rank, res in enumerate(results):
         exc_type, message, elapsed = res["optype"]
         assert (
-            exc_type == "RuntimeError"
+            exc_type == "ValueError"
             and "mismatched operations" in message
             and "bad.optype" in message
         ), f"rank {rank} of {nranks}, allreduce vs allgather under one name: {res['optype']}"
@@ -485,7 +501,7 @@ def test_shutdown_then_init_again_and_ops_after_shutdown_raise():
             assert torch.equal(unnamed, torch.tensor([0, 1])), (what, unnamed)
             assert after.pop("is_initialized") is False, what
             for op, (exc_type, message, _) in after.items():
-                assert exc_type == "RuntimeError", (
+                assert exc_type == "ValueError", (
                     f"{what}: {op} after shutdown: {exc_type} {message}"
                 )
                 assert "before hvd_torch.init()" in message, (

@@ -60,7 +60,7 @@ def _rank_main():
         try:
             hvd.grouped_allreduce([torch.ones(2), torch.ones(2 + r)], name="bad")
             res["bad"] = None
-        except RuntimeError as e:
+        except ValueError as e:
             res["bad"] = str(e)
     # One member per supported dtype, in one group each.
     res["dtypes.allreduce"] = hvd.grouped_allreduce(
@@ -91,7 +91,8 @@ def test_grouped_values(nranks):
         for got, want in zip(res["sum"], sums):
             assert got.dtype == want.dtype and torch.equal(got, want), (rank, got, want)
         for got, s in zip(res["avg"], sums):
-            want = torch.floor_divide(s, nranks) if not s.dtype.is_floating_point else s / nranks
+            want = ((s.double() * (1.0 / nranks)).trunc().to(s.dtype)  # Horovod's integer Average
+                    if not s.dtype.is_floating_point else s / nranks)
             assert torch.allclose(got.double(), want.double()), (rank, got, want)
         assert res["inplace_is_same"]
         for got, want in zip(res["inplace"], sums):
@@ -135,15 +136,15 @@ def test_grouped_gradients(nranks):
         g0, g1 = res["grad.allreduce"]
         assert torch.equal(g0, torch.full((3,), float(upstream0), dtype=torch.float64))
         assert torch.equal(g1, torch.full((2,), float(nranks), dtype=torch.float64))
-        # allgather: output row j has weight j on every rank; the Sum over ranks
-        # gives n * j for this rank's rows.
+        # allgather: output row j has weight j on every rank; the Average over
+        # ranks (Horovod's rule) gives j for this rank's rows.
         offset = sum(r + 1 for r in range(rank))
-        want = torch.tensor([[nranks * (offset + k)] * 2 for k in range(rank + 1)],
-                            dtype=torch.float64)
+        want = torch.tensor([[offset + k] * 2 for k in range(rank + 1)], dtype=torch.float64)
         assert torch.equal(res["grad.allgather"], want), (rank, res["grad.allgather"], want)
-        # reducescatter: row i lands on rank owner(i), whose upstream is owner + 1.
-        want = torch.cat([torch.full((_slice(5, nranks, o)[1],), float(o + 1), dtype=torch.float64)
-                          for o in range(nranks)])
+        # reducescatter (Sum): row i lands on rank owner(i), whose upstream is
+        # owner + 1; Horovod scales a Sum's gradient by the set's size.
+        want = torch.cat([torch.full((_slice(5, nranks, o)[1],), float(nranks * (o + 1)),
+                                     dtype=torch.float64) for o in range(nranks)])
         assert torch.equal(res["grad.reducescatter"], want), (rank, res["grad.reducescatter"])
 
 

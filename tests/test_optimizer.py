@@ -351,10 +351,11 @@ def _misc(hvd):
     res["closure"] = (float(closure_loss.detach()), copt._handles == {},
                       [p.grad.clone() for p in cmodel.parameters()])
 
-    # A sparse gradient without sparse_as_dense: a clear error, on every rank.
+    # A sparse gradient with an op sparse allreduce cannot do: a clear error, on every rank.
     emb = Embedder(sparse=True)
     opt_sparse = hvd.DistributedOptimizer(torch.optim.SGD(emb.emb.parameters(), lr=0.1),
-                                          named_parameters=emb.emb.named_parameters())
+                                          named_parameters=emb.emb.named_parameters(),
+                                          op=hvd.Max)
     res["sparse_refused"] = _error(
         lambda: emb.emb(torch.tensor([1, 2])).sum().backward())
     res["sparse_nothing_pending"] = opt_sparse._handles == {}
@@ -642,7 +643,7 @@ def test_errors(nranks):
         assert errors["passes"].startswith("ValueError: backward_passes_per_step must be")
         assert errors["twice"].startswith("ValueError") and "already" in errors["twice"]
         assert errors["groups_foreign"].startswith("ValueError: groups:")
-        assert res["sparse_refused"].startswith("ValueError") and "sparse_as_dense=True" in (
+        assert res["sparse_refused"].startswith("ValueError") and "Average or Sum only" in (
             res["sparse_refused"]) and "'weight'" in res["sparse_refused"]
         assert res["sparse_nothing_pending"]
         assert errors["add_unnamed"].startswith("ValueError: named_parameters was specified")

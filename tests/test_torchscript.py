@@ -163,9 +163,10 @@ def test_scripted_functions_modules_and_saved_module(nranks, tmp_path):
         allreduce_grad, allgather_grad, broadcast_grad = res["grads"]
         # allreduce Sum: the upstream ones are summed over ranks.
         _close(allreduce_grad, w * nranks, f"{what}: gradient through scripted allreduce")
-        # allgather: upstream ones summed over ranks, narrowed to our 2 rows.
-        _close(allgather_grad, w * nranks, f"{what}: gradient through scripted allgather")
-        expected = w * nranks if rank == 0 else torch.zeros(2, dtype=torch.float64)
+        # allgather: upstream ones averaged over ranks (Horovod's rule), narrowed to our rows.
+        _close(allgather_grad, w, f"{what}: gradient through scripted allgather")
+        # broadcast: upstream ones averaged over ranks on the root, zero elsewhere.
+        expected = w if rank == 0 else torch.zeros(2, dtype=torch.float64)
         _close(broadcast_grad, expected, f"{what}: gradient through scripted broadcast")
         # loss = sum(allreduce_sum(x_r W^T + b)): the upstream gradient of y_r is
         # allreduce_sum(ones) = nranks, so dW = nranks * (column sums of x_r) in each row.

@@ -69,6 +69,17 @@ std::string Coordinator::add(Arrival arrival) {
     }
     arrival.request = (*slot)[arrival.rank];
   }
+  if (arrival.request.type == OpType::kRemoveProcessSet && !arrival.request.splits.empty()) {
+    const int32_t id = static_cast<int32_t>(arrival.request.splits[0]);
+    std::vector<int> members;
+    if (sets_.find(id, &members) && indexIn(members, arrival.rank) >= 0) {
+      removing_[id].push_back(arrival.rank);
+      std::vector<std::string> keys;
+      for (const auto& [key, pending] : table_)
+        if (pending.process_set == id) keys.push_back(key);
+      for (const auto& key : keys) failIfStranded(key);
+    }
+  }
   const std::string name = arrival.request.name;
   std::vector<int> members;
   if (!sets_.find(arrival.request.process_set, &members) ||
@@ -94,11 +105,46 @@ std::string Coordinator::add(Arrival arrival) {
   p.arrived[arrival.rank] = true;
   p.by_rank[arrival.rank] = std::move(arrival);
   ++p.count;
+  if (!removing_.empty() && failIfStranded(key)) return "";
   if (!p.ready && readyToRun(p)) {
     p.ready = true;
     markReady(key, p);
   }
   return "";
+}
+
+bool Coordinator::failIfStranded(const std::string& key) {
+  // remove_process_set() blocks its caller until every rank asks for the
+  // removal; an op on the set that a removing member has not submitted would
+  // wait for it forever (and the other members, inside that op, would never
+  // ask). Fail such an op now, on the ranks that submitted it, naming the
+  // remover: whichever of the op and the removal reaches rank 0 first.
+  auto it = table_.find(key);
+  if (it == table_.end() || it->second.ready) return false;
+  Pending& p = it->second;
+  auto removing = removing_.find(p.process_set);
+  if (removing == removing_.end()) return false;
+  int remover = -1;
+  for (int r : removing->second)
+    if (!p.arrived[r]) remover = r;
+  if (remover < 0) return false;
+  std::vector<int> waiting;
+  for (int r : p.members)
+    if (p.arrived[r]) waiting.push_back(r);
+  Response r;
+  r.kind = Response::kError;
+  r.type = p.by_rank[waiting.at(0)].request.type;
+  r.names = {p.name};
+  r.process_set = p.process_set;
+  r.cache_ids = {-1};
+  r.error = std::string(opTypeName(r.type)) + " '" + p.name + "' on process set " +
+            std::to_string(p.process_set) + ": rank " + std::to_string(remover) +
+            " called remove_process_set() for this set without submitting it (ranks " +
+            rankList(waiting) +
+            " did); every rank must finish its operations on a set before removing it";
+  failed_.push_back(std::move(r));
+  table_.erase(it);
+  return true;
 }
 
 std::vector<Response> Coordinator::takeReady() {
@@ -126,6 +172,8 @@ std::vector<Response> Coordinator::takeReady() {
     op.response.cache_ids = {-1};
   }
   std::vector<Response> out = planFusion(std::move(ops), fusion_threshold_);
+  out.insert(out.begin(), failed_.begin(), failed_.end());
+  failed_.clear();
   // "Everyone joined" goes last: after every op that the last join released.
   out.insert(out.end(), joins_done_.begin(), joins_done_.end());
   joins_done_.clear();
@@ -153,6 +201,10 @@ ReadyOp Coordinator::negotiate(const std::string& key, Pending& p) {
     all_same_slot = all_same_slot && a.cache_id >= 0 && a.cache_id == arrivals[0].cache_id;
   op.request = reqs[0];
   r.type = reqs[0].type;
+  if (r.type == OpType::kRemoveProcessSet) {
+    for (const auto& q : reqs)  // negotiated now, whatever the outcome
+      if (!q.splits.empty()) removing_.erase(static_cast<int32_t>(q.splits[0]));
+  }
 
   // A slot every rank named was validated when it was created: skip the checks.
   std::string error = all_same_slot ? "" : validate(reqs, ranks);
@@ -356,9 +408,8 @@ std::string Coordinator::reduceInline(const std::vector<Request>& reqs,
     fn(&acc[0], acc.data(), tmp.data(), n);
   }
   // Joined ranks contribute nothing, and Average divides by those who did.
-  if (q.reduce_op == ReduceOp::kAverage)
-    divideBuffer(&acc[0], n, q.dtype, static_cast<int>(arrivals.size()));
-  scaleBuffer(&acc[0], n, q.dtype, q.postscale);
+  postscaleBuffer(&acc[0], n, q.dtype, q.reduce_op, static_cast<int>(arrivals.size()),
+                  q.postscale);
   return acc;
 }
 

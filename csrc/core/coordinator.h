@@ -92,6 +92,14 @@ class Coordinator {
   // Grouped keys every rank submitted, held until the whole group has.
   std::unordered_map<std::string, std::vector<std::string>> groups_;
   std::vector<Response> joins_done_;  // "every rank has joined", to emit last
+  // Ops failed because a member that never submitted them asked to remove
+  // their process set (it waits in the removal, so they could never complete).
+  std::vector<Response> failed_;
+  // Set id -> members that asked to remove it, until the removal negotiates.
+  std::unordered_map<int32_t, std::vector<int>> removing_;
+  // Fails the op under `key` if a member asked to remove its set without
+  // submitting it; returns whether it did.
+  bool failIfStranded(const std::string& key);
 };
 
 }  // namespace hvd

@@ -14,10 +14,6 @@ void HostMemory::scale(void* buf, size_t count, DataType dtype, double factor) {
   scaleBuffer(buf, count, dtype, factor);
 }
 
-void HostMemory::divide(void* buf, size_t count, DataType dtype, int divisor) {
-  divideBuffer(buf, count, dtype, divisor);
-}
-
 void* HostMemory::scratch(size_t bytes) {
   if (scratch_.size() < bytes) scratch_.resize(bytes);
   return scratch_.data();

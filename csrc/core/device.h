@@ -35,9 +35,9 @@ class Memory {
  public:
   virtual ~Memory() = default;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // buf *= factor with reduce.h's rules per dtype (Average is a factor too:
+  // postscaleFactor), so host and device scale to the same bits.
   virtual void scale(void* buf, size_t count, DataType dtype, double factor) = 0;
-  // Average's division (see reduce.h, divideBuffer, for the rule per dtype).
-  virtual void divide(void* buf, size_t count, DataType dtype, int divisor) = 0;
   // A reusable buffer of at least `bytes` (the fusion buffer); what it held
   // before is lost. Valid until the next call.
   virtual void* scratch(size_t bytes) = 0;
@@ -57,7 +57,6 @@ class HostMemory : public Memory {
  public:
   void copy(void* dst, const void* src, size_t bytes) override;
   void scale(void* buf, size_t count, DataType dtype, double factor) override;
-  void divide(void* buf, size_t count, DataType dtype, int divisor) override;
   void* scratch(size_t bytes) override;
   std::shared_ptr<void> zeros(size_t bytes) override;
   void waitFor(const DeviceEvent& ready) override { ready.synchronize(); }

@@ -242,6 +242,32 @@ std::shared_ptr<Work> Engine::enqueue(Entry entry) {
       work->complete(Status::shutdown("hvd_torch has been shut down"));
       return work;
     }
+    // Checked here, on the caller's thread, so the second submission raises
+    // at once and never reaches the other ranks (which would pair it with
+    // their next op of that name).
+    const std::string key = tableKey(entry.request.process_set, entry.request.name);
+    auto it = in_flight_.find(key);
+    if (it != in_flight_.end()) {
+      auto earlier = it->second.lock();
+      if (earlier && !earlier->done()) {
+        throw DuplicateName(
+            std::string(opTypeName(entry.request.type)) + " '" + entry.request.name +
+            "': an operation with the same name is already in flight on rank " +
+            std::to_string(topology_.rank) +
+            (entry.request.process_set ? " in process set " +
+                                             std::to_string(entry.request.process_set)
+                                       : std::string()) +
+            " and has not completed; wait for it (synchronize) or use a different name");
+      }
+    }
+    in_flight_[key] = work;
+    if (in_flight_.size() >= sweep_in_flight_at_) {
+      for (auto i = in_flight_.begin(); i != in_flight_.end();) {
+        auto w = i->second.lock();
+        i = (!w || w->done()) ? in_flight_.erase(i) : std::next(i);
+      }
+      sweep_in_flight_at_ = 2 * in_flight_.size() + 64;
+    }
     queue_.push_back(std::move(entry));
   }
   uint64_t one = 1;
@@ -316,6 +342,8 @@ void Engine::loop() {
       } else {
         readCoordinator();
       }
+    } catch (const InternalError& e) {
+      fail(Status::internal(e.what()));
     } catch (const std::exception& e) {
       fail(Status::peerFailure(e.what()));
     }
@@ -538,8 +566,12 @@ void Engine::run(const Response& response) {
       }
       phantoms.push_back(phantomEntry(response.templates[i], executor->memory()));
       entries.push_back(&phantoms.back());
+    } else if (response.kind == Response::kError && response.names.size() == 1) {
+      // Others' op failed before this rank submitted it (its process set is
+      // being removed): nothing of ours to fail.
+      return;
     } else {
-      throw std::runtime_error("internal: response for '" + name + "' that rank " +
+      throw InternalError("internal: response for '" + name + "' that rank " +
                                std::to_string(topology_.rank) + " never submitted");
     }
   }
@@ -673,11 +705,12 @@ void Engine::fail(const Status& status) {
   std::deque<Entry> queued;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (broken_.ok() && status.code == Status::kPeerFailure) broken_ = status;
+    if (broken_.ok() && (status.code == Status::kPeerFailure || status.code == Status::kInternal))
+      broken_ = status;
     queued.swap(queue_);
   }
   // Tell the others before going quiet, so they fail now instead of at a timeout.
-  if (coordinator_ && status.code == Status::kPeerFailure) {
+  if (coordinator_ && (status.code == Status::kPeerFailure || status.code == Status::kInternal)) {
     Writer w;
     w.put<uint8_t>(kAbort);
     w.putString(status.message);

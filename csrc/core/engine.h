@@ -21,6 +21,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -37,6 +38,11 @@
 #include "topology.h"
 
 namespace hvd {
+
+// enqueue() of a name this rank already has in flight: the caller's mistake.
+struct DuplicateName : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
 
 class Engine {
  public:
@@ -55,6 +61,9 @@ class Engine {
   void shutdown();
 
   // Hands an operation to the background thread. Never blocks on the network.
+  // Throws DuplicateName, and submits nothing, when this rank already has an
+  // operation of that name on that process set that has not completed
+  // (Horovod's "same name as another tensor that is currently being processed").
   std::shared_ptr<Work> enqueue(Entry entry);
 
   const Topology& topology() const { return topology_; }
@@ -115,6 +124,9 @@ class Engine {
   std::deque<Entry> queue_;
   bool stopping_ = false;
   Status broken_;  // not ok once a peer failed: every later op fails with it
+  // Names submitted and not yet completed, by tableKey(process set, name).
+  std::unordered_map<std::string, std::weak_ptr<Work>> in_flight_;
+  size_t sweep_in_flight_at_ = 64;
   int wake_fd_ = -1;
   std::thread thread_;
 

@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "process_sets.h"
+#include "reduce.h"
 
 namespace hvd {
 
@@ -64,8 +65,7 @@ void Executor::reducescatter(Entry& e, int divisor) {
   char* out = static_cast<char*>(e.allocate(mine.rows));
   char* slice = buf + mine.offset * row_bytes;
   const size_t count = static_cast<size_t>(mine.rows * q.rowElements());
-  if (q.reduce_op == ReduceOp::kAverage) memory_->divide(slice, count, q.dtype, divisor);
-  memory_->scale(slice, count, q.dtype, q.postscale);
+  memory_->scale(slice, count, q.dtype, postscaleFactor(q.reduce_op, divisor, q.postscale));
   memory_->copy(out, slice, count * dataTypeSize(q.dtype));
 }
 
@@ -118,8 +118,7 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
     backend_->allreduce(buf, total, q.dtype,
                         q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op);
   }
-  if (q.reduce_op == ReduceOp::kAverage) memory_->divide(buf, total, q.dtype, divisor);
-  memory_->scale(buf, total, q.dtype, q.postscale);
+  memory_->scale(buf, total, q.dtype, postscaleFactor(q.reduce_op, divisor, q.postscale));
   if (entries.size() > 1) {
     size_t off = 0;
     for (Entry* e : entries) {

@@ -122,26 +122,27 @@ ReduceFn pick(DataType dtype) {
   return nullptr;
 }
 
+// Horovod's CPU scaling (ScaleBuffer): integers multiply in double and
+// convert back, truncating toward zero; float64 multiplies in double;
+// float32 multiplies by the factor rounded to float, in float.
 template <typename T>
-void scaleTyped(void* buf, size_t n, double factor) {
+void scaleInteger(void* buf, size_t n, double factor) {
   T* p = static_cast<T*>(buf);
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] * factor);
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<double>(p[i]) * factor);
 }
 
+template <typename T>
+void scaleFloat(void* buf, size_t n, T factor) {
+  T* p = static_cast<T*>(buf);
+  for (size_t i = 0; i < n; ++i) p[i] = p[i] * factor;
+}
+
+// float16 (and bfloat16, which Horovod lacks on the CPU): widened to float32,
+// multiplied by the float32 factor, rounded back once.
 template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
-void scaleHalfLike(void* buf, size_t n, double factor) {
+void scaleHalfLike(void* buf, size_t n, float factor) {
   uint16_t* p = static_cast<uint16_t*>(buf);
-  for (size_t i = 0; i < n; ++i) p[i] = Store(static_cast<float>(Load(p[i]) * factor));
-}
-
-template <typename T>
-void floorDivide(void* buf, size_t n, int divisor) {
-  T* p = static_cast<T*>(buf);
-  for (size_t i = 0; i < n; ++i) {
-    auto q = p[i] / divisor;
-    if ((p[i] % divisor != 0) && ((p[i] < 0) != (divisor < 0))) --q;
-    p[i] = static_cast<T>(q);
-  }
+  for (size_t i = 0; i < n; ++i) p[i] = Store(Load(p[i]) * factor);
 }
 
 }  // namespace
@@ -164,32 +165,30 @@ ReduceFn reduceFunction(DataType dtype, ReduceOp op) {
 
 void scaleBuffer(void* buf, size_t n, DataType dtype, double factor) {
   if (factor == 1.0) return;
+  const float f32 = static_cast<float>(factor);
   switch (dtype) {
-    case DataType::kUInt8: return scaleTyped<uint8_t>(buf, n, factor);
-    case DataType::kInt8: return scaleTyped<int8_t>(buf, n, factor);
-    case DataType::kInt16: return scaleTyped<int16_t>(buf, n, factor);
-    case DataType::kInt32: return scaleTyped<int32_t>(buf, n, factor);
-    case DataType::kInt64: return scaleTyped<int64_t>(buf, n, factor);
-    case DataType::kFloat32: return scaleTyped<float>(buf, n, factor);
-    case DataType::kFloat64: return scaleTyped<double>(buf, n, factor);
-    case DataType::kFloat16: return scaleHalfLike<halfToFloat, floatToHalf>(buf, n, factor);
-    case DataType::kBFloat16:
-      return scaleHalfLike<bfloat16ToFloat, floatToBfloat16>(buf, n, factor);
+    case DataType::kUInt8: return scaleInteger<uint8_t>(buf, n, factor);
+    case DataType::kInt8: return scaleInteger<int8_t>(buf, n, factor);
+    case DataType::kInt16: return scaleInteger<int16_t>(buf, n, factor);
+    case DataType::kInt32: return scaleInteger<int32_t>(buf, n, factor);
+    case DataType::kInt64: return scaleInteger<int64_t>(buf, n, factor);
+    case DataType::kFloat32: return scaleFloat<float>(buf, n, f32);
+    case DataType::kFloat64: return scaleFloat<double>(buf, n, factor);
+    case DataType::kFloat16: return scaleHalfLike<halfToFloat, floatToHalf>(buf, n, f32);
+    case DataType::kBFloat16: return scaleHalfLike<bfloat16ToFloat, floatToBfloat16>(buf, n, f32);
     case DataType::kBool: return;  // scaling a truth value is meaningless; callers refuse it
   }
 }
 
-void divideBuffer(void* buf, size_t n, DataType dtype, int divisor) {
-  if (divisor == 1) return;
-  switch (dtype) {
-    case DataType::kUInt8: return floorDivide<uint8_t>(buf, n, divisor);
-    case DataType::kInt8: return floorDivide<int8_t>(buf, n, divisor);
-    case DataType::kInt16: return floorDivide<int16_t>(buf, n, divisor);
-    case DataType::kInt32: return floorDivide<int32_t>(buf, n, divisor);
-    case DataType::kInt64: return floorDivide<int64_t>(buf, n, divisor);
-    case DataType::kBool: return;
-    default: return scaleBuffer(buf, n, dtype, 1.0 / divisor);
-  }
+double postscaleFactor(ReduceOp op, int divisor, double postscale) {
+  // Horovod folds Average into the postscale factor (postscale / size, in
+  // double) and scales once: dividing first and scaling after would round twice.
+  return op == ReduceOp::kAverage ? postscale / divisor : postscale;
+}
+
+void postscaleBuffer(void* buf, size_t n, DataType dtype, ReduceOp op, int divisor,
+                     double postscale) {
+  scaleBuffer(buf, n, dtype, postscaleFactor(op, divisor, postscale));
 }
 
 }  // namespace hvd

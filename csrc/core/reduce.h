@@ -15,13 +15,18 @@ namespace hvd {
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 ReduceFn reduceFunction(DataType dtype, ReduceOp op);
 
-// buf[i] *= factor. Integers are scaled in double and truncated toward zero.
+// buf[i] *= factor, as Horovod's CPU ScaleBuffer does it: integers in double,
+// truncated toward zero; float64 in double; float32 by float(factor) in float;
+// float16/bfloat16 widened to float32, times float(factor), rounded once.
 void scaleBuffer(void* buf, size_t n, DataType dtype, double factor);
 
-// buf[i] = floor(buf[i] / divisor) for integers (Horovod's integer Average),
-// buf[i] *= 1.0 / divisor for floating point (Horovod folds the division into
-// the postscale factor, so we multiply too: results match it bit for bit).
-void divideBuffer(void* buf, size_t n, DataType dtype, int divisor);
+// After the reduction: Average and the postscale factor in one multiplication
+// by postscale / divisor (Horovod's rule), so integer Average truncates
+// sum * (1.0 / divisor) toward zero and float Average multiplies by 1/size.
+// Other ops: buf *= postscale.
+double postscaleFactor(ReduceOp op, int divisor, double postscale);
+void postscaleBuffer(void* buf, size_t n, DataType dtype, ReduceOp op, int divisor,
+                     double postscale);
 
 float halfToFloat(uint16_t h);
 uint16_t floatToHalf(float f);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 namespace hvd {
@@ -71,9 +72,16 @@ bool isFloatingPoint(DataType dtype);
 
 // Outcome of an operation. kInvalidArgument is the caller's mistake (the job
 // can go on); kPeerFailure means a peer or the network is gone (re-init needed);
-// kShutdown means the engine stopped before the op ran.
+// kShutdown means the engine stopped before the op ran; kInternal means an
+// invariant of hvd-torch itself broke (a bug to report, not a reason to retry).
 struct Status {
-  enum Code : uint8_t { kOk = 0, kInvalidArgument = 1, kPeerFailure = 2, kShutdown = 3 };
+  enum Code : uint8_t {
+    kOk = 0,
+    kInvalidArgument = 1,
+    kPeerFailure = 2,
+    kShutdown = 3,
+    kInternal = 4
+  };
   Code code = kOk;
   std::string message;
 
@@ -82,6 +90,13 @@ struct Status {
   static Status invalidArgument(std::string msg) { return {kInvalidArgument, std::move(msg)}; }
   static Status peerFailure(std::string msg) { return {kPeerFailure, std::move(msg)}; }
   static Status shutdown(std::string msg) { return {kShutdown, std::move(msg)}; }
+  static Status internal(std::string msg) { return {kInternal, std::move(msg)}; }
+};
+
+// Thrown on the background thread when an invariant breaks; the engine fails
+// every pending op with Status::kInternal instead of a peer failure.
+struct InternalError : std::logic_error {
+  using std::logic_error::logic_error;
 };
 
 }  // namespace hvd

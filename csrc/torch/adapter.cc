@@ -23,9 +23,25 @@ std::mutex handles_mu;
 std::unordered_map<int64_t, Pending> handles;
 int64_t next_handle = 1;
 
-// Errors that mean "a peer or the job is gone" carry this prefix so the Python
-// layer can raise HorovodInternalError (elastic training retries on it).
-constexpr const char* kInternalErrorPrefix = "HorovodInternalError: ";
+// How an op's failure crosses to Python, decided by its kind, never by text
+// (hvd_torch/ops.py maps the types; docs/errors.md):
+//   caller's mistake (Status::kInvalidArgument, argument checks) -> c10::ValueError
+//     -> ValueError;
+//   peer failure or shutdown -> c10::DistNetworkError -> HorovodInternalError
+//     (elastic training restores and retries on it);
+//   broken invariant (Status::kInternal) -> c10::Error -> RuntimeError naming a bug.
+[[noreturn]] void throwStatus(const Status& status) {
+  switch (status.code) {
+    case Status::kInvalidArgument:
+      TORCH_CHECK_VALUE(false, status.message);
+    case Status::kPeerFailure:
+    case Status::kShutdown:
+      C10_THROW_ERROR(DistNetworkError, status.message);
+    default:
+      TORCH_CHECK(false, "hvd_torch internal error (a bug in hvd-torch, please report it): ",
+                  status.message);
+  }
+}
 
 // The set's ranks; a clear error when it does not exist or lacks this rank.
 std::vector<int> requireMember(const Engine& engine, int64_t process_set, const char* op,
@@ -34,11 +50,11 @@ std::vector<int> requireMember(const Engine& engine, int64_t process_set, const 
   if (!engine.processSets().find(static_cast<int32_t>(process_set), &ranks)) {
     std::vector<int> ids;
     for (int32_t id : engine.processSets().ids()) ids.push_back(id);
-    TORCH_CHECK(false, "hvd_torch.", op, " '", name, "': process set ", process_set,
+    TORCH_CHECK_VALUE(false, "hvd_torch.", op, " '", name, "': process set ", process_set,
                 " does not exist (registered: ", rankList(ids),
                 "); register it with hvd.add_process_set() on every rank first");
   }
-  TORCH_CHECK(indexIn(ranks, engine.topology().rank) >= 0, "hvd_torch.", op, " '", name,
+  TORCH_CHECK_VALUE(indexIn(ranks, engine.topology().rank) >= 0, "hvd_torch.", op, " '", name,
               "': rank ", engine.topology().rank, " is not in process set ", process_set,
               " (ranks ", rankList(ranks), ")");
   return ranks;
@@ -63,7 +79,7 @@ Request baseRequest(OpType type, const at::Tensor& t, DataType dtype, const std:
 
 std::shared_ptr<Engine> requireEngine(const char* op) {
   auto engine = currentEngine();
-  TORCH_CHECK(engine != nullptr, "hvd_torch.", op,
+  TORCH_CHECK_VALUE(engine != nullptr, "hvd_torch.", op,
               " was called before hvd_torch.init(): call hvd.init() first");
   return engine;
 }
@@ -81,7 +97,7 @@ DataType toDataType(const at::Tensor& t, const char* op, const std::string& name
     case at::kDouble: return DataType::kFloat64;
     case at::kBool: return DataType::kBool;
     default:
-      TORCH_CHECK(false, "hvd_torch.", op, " '", name, "': unsupported dtype ", t.scalar_type(),
+      TORCH_CHECK_VALUE(false, "hvd_torch.", op, " '", name, "': unsupported dtype ", t.scalar_type(),
                   "; supported: uint8, int8, int16, int32, int64, float16, bfloat16, float32, "
                   "float64, bool");
   }
@@ -121,7 +137,7 @@ int64_t addHandle(Pending pending) {
 bool pollHandle(int64_t handle) {
   std::lock_guard<std::mutex> lock(handles_mu);
   auto it = handles.find(handle);
-  TORCH_CHECK(it != handles.end(), "hvd_torch.poll: unknown handle ", handle,
+  TORCH_CHECK_VALUE(it != handles.end(), "hvd_torch.poll: unknown handle ", handle,
               " (already synchronized, or from before a shutdown)");
   return it->second.work->done();
 }
@@ -131,7 +147,7 @@ at::Tensor waitHandle(int64_t handle) { return waitHandle(handle, nullptr); }
 std::tuple<at::Tensor, at::Tensor> waitAlltoall(int64_t handle) {
   Pending p;
   at::Tensor out = waitHandle(handle, &p);
-  TORCH_CHECK(p.alltoall, "hvd_torch.synchronize_alltoall: handle ", handle,
+  TORCH_CHECK_VALUE(p.alltoall, "hvd_torch.synchronize_alltoall: handle ", handle,
               " is not an alltoall handle");
   const auto& rows = p.work->firstDims();
   at::Tensor received = at::empty({static_cast<int64_t>(rows.size())}, at::kInt);
@@ -146,7 +162,7 @@ at::Tensor waitHandle(int64_t handle, Pending* finished) {
   {
     std::lock_guard<std::mutex> lock(handles_mu);
     auto it = handles.find(handle);
-    TORCH_CHECK(it != handles.end(), "hvd_torch.synchronize: unknown handle ", handle,
+    TORCH_CHECK_VALUE(it != handles.end(), "hvd_torch.synchronize: unknown handle ", handle,
                 " (already synchronized, or from before a shutdown)");
     p = std::move(it->second);
     handles.erase(it);
@@ -160,8 +176,7 @@ at::Tensor waitHandle(int64_t handle, Pending* finished) {
   } else {
     status = p.work->wait(spin);
   }
-  if (status.code == Status::kInvalidArgument) TORCH_CHECK(false, status.message);
-  TORCH_CHECK(status.ok(), kInternalErrorPrefix, status.message);
+  if (!status.ok()) throwStatus(status);
   at::Tensor out = p.gathered ? *p.gathered : p.result;
   if (p.plane != Plane::kHost) {
     out = finishOutput(out, p.plane, p.device, p.work->deviceDone(), p.copy_back_to);
@@ -229,7 +244,11 @@ void bindRowsOutput(const EngineInput& in, Entry& e, Pending& p) {
 
 int64_t enqueue(Engine& engine, Entry e, Pending p) {
   p.name = e.request.name;
-  p.work = engine.enqueue(std::move(e));
+  try {
+    p.work = engine.enqueue(std::move(e));
+  } catch (const DuplicateName& dup) {
+    TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());
+  }
   return addHandle(std::move(p));
 }
 
@@ -242,10 +261,10 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::stri
   const std::string name = opName("allreduce", user_name, process_set);
   const std::vector<int> members = requireMember(*engine, process_set, "allreduce", name);
   DataType dtype = toDataType(tensor, "allreduce", name);
-  TORCH_CHECK(op == 0 || op == 1 || (op >= 3 && op <= 5), "hvd_torch.allreduce '", name,
+  TORCH_CHECK_VALUE(op == 0 || op == 1 || (op >= 3 && op <= 5), "hvd_torch.allreduce '", name,
               "': unsupported reduce op ", op,
               " (Average=0, Sum=1, Min=3, Max=4, Product=5; Adasum is not supported)");
-  TORCH_CHECK(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
+  TORCH_CHECK_VALUE(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
               "hvd_torch.allreduce '", name,
               "': bool tensors support Sum/Max (or) and Min/Product (and), without scaling");
   Entry e;
@@ -281,10 +300,10 @@ int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_ra
   const std::vector<int> members = requireMember(*engine, process_set, "broadcast", name);
   DataType dtype = toDataType(tensor, "broadcast", name);
   const int size = engine->topology().size;
-  TORCH_CHECK(root_rank >= 0 && root_rank < size, "hvd_torch.broadcast '", name, "': root_rank ",
+  TORCH_CHECK_VALUE(root_rank >= 0 && root_rank < size, "hvd_torch.broadcast '", name, "': root_rank ",
               root_rank, " is out of range for ", size, " ranks");
   // Horovod's convention: root_rank is a global rank, which must be in the set.
-  TORCH_CHECK(indexIn(members, static_cast<int>(root_rank)) >= 0, "hvd_torch.broadcast '", name,
+  TORCH_CHECK_VALUE(indexIn(members, static_cast<int>(root_rank)) >= 0, "hvd_torch.broadcast '", name,
               "': root_rank ", root_rank, " is not in process set ", process_set, " (ranks ",
               rankList(members), ")");
   Entry e;
@@ -302,27 +321,30 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
   const std::string name = opName("alltoall", user_name, process_set);
   const std::vector<int> members = requireMember(*engine, process_set, "alltoall", name);
   DataType dtype = toDataType(tensor, "alltoall", name);
-  TORCH_CHECK(tensor.dim() >= 1, "hvd_torch.alltoall '", name,
+  TORCH_CHECK_VALUE(tensor.dim() >= 1, "hvd_torch.alltoall '", name,
               "': the tensor needs at least one dimension to split");
   // Splits count the ranks of the process set.
   const int size = static_cast<int>(members.size());
   const int64_t rows = tensor.size(0);
   std::vector<int64_t> send;
   if (splits.has_value() && splits->defined()) {
+    TORCH_CHECK_VALUE(at::isIntegralType(splits->scalar_type(), /*includeBool=*/false),
+                      "hvd_torch.alltoall '", name, "': splits must be an integer tensor, got ",
+                      splits->scalar_type());
     const at::Tensor s = splits->to(at::kLong).contiguous();
-    TORCH_CHECK(s.dim() == 1 && s.numel() == size, "hvd_torch.alltoall '", name,
+    TORCH_CHECK_VALUE(s.dim() == 1 && s.numel() == size, "hvd_torch.alltoall '", name,
                 "': splits must be a 1-D tensor with one entry per rank (", size, "), got shape ",
                 splits->sizes());
     send.assign(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + size);
     int64_t total = 0;
     for (int64_t v : send) {
-      TORCH_CHECK(v >= 0, "hvd_torch.alltoall '", name, "': negative split ", v);
+      TORCH_CHECK_VALUE(v >= 0, "hvd_torch.alltoall '", name, "': negative split ", v);
       total += v;
     }
-    TORCH_CHECK(total == rows, "hvd_torch.alltoall '", name, "': splits sum to ", total,
+    TORCH_CHECK_VALUE(total == rows, "hvd_torch.alltoall '", name, "': splits sum to ", total,
                 " but the tensor's first dimension is ", rows);
   } else {
-    TORCH_CHECK(rows % size == 0, "hvd_torch.alltoall '", name, "': without splits the first ",
+    TORCH_CHECK_VALUE(rows % size == 0, "hvd_torch.alltoall '", name, "': without splits the first ",
                 "dimension (", rows, ") must be divisible by the number of ranks (", size, ")");
     send.assign(size, rows / size);
   }
@@ -342,11 +364,11 @@ int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_na
   const std::string name = opName("reducescatter", user_name, process_set);
   const std::vector<int> members = requireMember(*engine, process_set, "reducescatter", name);
   DataType dtype = toDataType(tensor, "reducescatter", name);
-  TORCH_CHECK(op == 0 || op == 1, "hvd_torch.reducescatter '", name, "': unsupported reduce op ",
+  TORCH_CHECK_VALUE(op == 0 || op == 1, "hvd_torch.reducescatter '", name, "': unsupported reduce op ",
               op, " (Average=0 and Sum=1 are supported, as in Horovod)");
-  TORCH_CHECK(tensor.dim() >= 1, "hvd_torch.reducescatter '", name,
+  TORCH_CHECK_VALUE(tensor.dim() >= 1, "hvd_torch.reducescatter '", name,
               "': the tensor needs at least one dimension to scatter");
-  TORCH_CHECK(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
+  TORCH_CHECK_VALUE(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
               "hvd_torch.reducescatter '", name, "': bool tensors support Sum only, unscaled");
   Entry e;
   Pending p;
@@ -364,14 +386,14 @@ std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>
   const char* what = kind == GroupedKind::kAllgather       ? "grouped_allgather"
                      : kind == GroupedKind::kReducescatter ? "grouped_reducescatter"
                                                            : "grouped_allreduce";
-  TORCH_CHECK(!tensors.empty(), "hvd_torch.", what, ": the group has no tensors");
+  TORCH_CHECK_VALUE(!tensors.empty(), "hvd_torch.", what, ": the group has no tensors");
   // Check every member before submitting any: a half-submitted group would
   // wait forever for its missing members.
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string member = std::string(what) + " member " + std::to_string(i);
     toDataType(tensors[i], what, member);
     checkDevice(tensors[i], what, member);
-    TORCH_CHECK(kind != GroupedKind::kReducescatter || tensors[i].dim() >= 1, "hvd_torch.", what,
+    TORCH_CHECK_VALUE(kind != GroupedKind::kReducescatter || tensors[i].dim() >= 1, "hvd_torch.", what,
                 " '", member, "': the tensor needs at least one dimension to scatter");
   }
   auto engine = requireEngine(what);

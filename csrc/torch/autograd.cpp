@@ -2,14 +2,18 @@
 // (docs/architecture.md, "Gradients"):
 //   allreduce: the gradient is the allreduce of the gradient with the same
 //              op and scale factors;
-//   allgather: the gradient is the Sum-allreduce of the gradient, narrowed to
-//              this rank's rows;
-//   broadcast: the gradient is the Sum-allreduce of the gradient on the root
-//              rank and zero elsewhere;
+//   allgather: the gradient is the Average-allreduce of the gradient over
+//              the process set, narrowed to this rank's rows;
+//   broadcast: the gradient is the Average-allreduce of the gradient on the
+//              root rank and zero elsewhere;
 //   alltoall:  the gradient is the alltoall of the gradient with the splits
 //              that were received (it goes back the way the data came);
 //   reducescatter: the gradient is the allgather of the gradient times the
-//              scale factors (and 1/size for Average): d(sum_s x_s)/dx_r = 1.
+//              scale factors, and times the set's size for Sum (Average: no
+//              size factor). This is Horovod's rule, kept so results match
+//              it; the calculus of the forward alone would give 1 for Sum
+//              and 1/size for Average.
+// Grouped forms follow the same rules member by member.
 // Registered at the Autograd key, so they apply in eager code and in
 // TorchScript alike. In-place and async forms are not differentiable (as in
 // Horovod): autograd falls through to the kernel.
@@ -61,7 +65,13 @@ std::tuple<at::Tensor, at::Tensor> callAlltoall(const at::Tensor& t,
   return handle.call(t, splits, name, ps);
 }
 
+constexpr int64_t kAverage = 0;
 constexpr int64_t kSum = 1;
+
+// Horovod's reducescatter gradient scale: pre * post, times size for Sum.
+double reducescatterGradScale(int64_t op, double pre, double post, int64_t ps) {
+  return pre * post * (op == kSum ? static_cast<double>(processSetSize(ps)) : 1.0);
+}
 
 class AllreduceFunction : public torch::autograd::Function<AllreduceFunction> {
  public:
@@ -95,7 +105,7 @@ class AllgatherFunction : public torch::autograd::Function<AllgatherFunction> {
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const int64_t rows = ctx->saved_data["rows"].toInt();
     const int64_t ps = ctx->saved_data["ps"].toInt();
-    at::Tensor summed = callAllreduce(grads[0], "", kSum, 1.0, 1.0, ps);
+    at::Tensor summed = callAllreduce(grads[0], "", kAverage, 1.0, 1.0, ps);
     // Ranks may contribute different row counts: gather them to find ours.
     at::Tensor counts = callAllgather(at::full({1}, rows, at::kLong), "", ps);
     const int64_t rank = processSetRank(ps);
@@ -116,7 +126,7 @@ class BroadcastFunction : public torch::autograd::Function<BroadcastFunction> {
     return callBroadcast(t, root, name, ps);
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    at::Tensor g = callAllreduce(grads[0], "", kSum, 1.0, 1.0, ctx->saved_data["ps"].toInt());
+    at::Tensor g = callAllreduce(grads[0], "", kAverage, 1.0, 1.0, ctx->saved_data["ps"].toInt());
     // root is a global rank, also in a process set (Horovod's convention).
     if (currentEngine()->topology().rank != ctx->saved_data["root"].toInt()) g = g.zero_();
     return {g, at::Tensor(), at::Tensor(), at::Tensor()};
@@ -127,7 +137,7 @@ class ReducescatterFunction : public torch::autograd::Function<ReducescatterFunc
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& t, c10::string_view name,
                             int64_t op, double pre, double post, int64_t ps) {
-    ctx->saved_data["scale"] = pre * post / (op == 0 ? processSetSize(ps) : 1);
+    ctx->saved_data["scale"] = reducescatterGradScale(op, pre, post, ps);
     ctx->saved_data["ps"] = ps;
     static auto handle = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("hvd_torch::reducescatter", "")
@@ -199,7 +209,7 @@ class GroupedReducescatterFunction
  public:
   static tensor_list forward(AutogradContext* ctx, at::TensorList ts, c10::string_view name,
                              int64_t op, double pre, double post, int64_t ps) {
-    ctx->saved_data["scale"] = pre * post / (op == 0 ? processSetSize(ps) : 1);
+    ctx->saved_data["scale"] = reducescatterGradScale(op, pre, post, ps);
     ctx->saved_data["ps"] = ps;
     at::AutoDispatchBelowADInplaceOrView guard;
     return callGrouped("hvd_torch::grouped_reducescatter", ts, name, op, pre, post, ps);
@@ -230,7 +240,7 @@ class GroupedAllgatherFunction : public torch::autograd::Function<GroupedAllgath
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto rows = ctx->saved_data["rows"].toIntVector();
     const int64_t ps = ctx->saved_data["ps"].toInt();
-    auto summed = callGrouped("hvd_torch::grouped_allreduce", grads, "", kSum, 1.0, 1.0, ps);
+    auto summed = callGrouped("hvd_torch::grouped_allreduce", grads, "", kAverage, 1.0, 1.0, ps);
     // Every rank's row count per member, to find where this rank's rows start.
     at::Tensor mine = at::tensor(rows, at::kLong).view({1, static_cast<int64_t>(rows.size())});
     at::Tensor all = callAllgather(mine, "", ps);

@@ -38,7 +38,7 @@ bool ncclPlaneEnabled() { return gpu_nccl; }
 #ifndef HVD_TORCH_WITH_CUDA
 
 void checkDevice(const at::Tensor& tensor, const char* op, const std::string& name) {
-  TORCH_CHECK(tensor.device().is_cpu(), "hvd_torch.", op, " '", name, "': tensor is on ",
+  TORCH_CHECK_VALUE(tensor.device().is_cpu(), "hvd_torch.", op, " '", name, "': tensor is on ",
               tensor.device(),
               ", but this build of hvd_torch has no CUDA support (hvd.cuda_built() is False): "
               "rebuild it with a CUDA build of torch and nvcc on the PATH");
@@ -97,14 +97,14 @@ void recordOn(const at::Tensor& t, const c10::cuda::CUDAStream& stream) {
 
 void checkDevice(const at::Tensor& tensor, const char* op, const std::string& name) {
   if (tensor.device().is_cpu()) return;
-  TORCH_CHECK(tensor.is_cuda(), "hvd_torch.", op, " '", name, "': tensor is on ", tensor.device(),
+  TORCH_CHECK_VALUE(tensor.is_cuda(), "hvd_torch.", op, " '", name, "': tensor is on ", tensor.device(),
               "; hvd_torch supports CPU and CUDA tensors");
   const int device = tensor.device().index();
   const int expected = gpu_device.load();
-  TORCH_CHECK(expected >= 0, "hvd_torch.", op, " '", name, "': tensor is on ", tensor.device(),
+  TORCH_CHECK_VALUE(expected >= 0, "hvd_torch.", op, " '", name, "': tensor is on ", tensor.device(),
               ", but hvd.init() found no usable GPU for this rank (torch.cuda.is_available() "
               "was False when hvd.init() ran)");
-  TORCH_CHECK(device == expected, "hvd_torch.", op, " '", name, "': tensor is on cuda:", device,
+  TORCH_CHECK_VALUE(device == expected, "hvd_torch.", op, " '", name, "': tensor is on cuda:", device,
               ", but this rank's GPU is cuda:", expected,
               " (local_rank modulo the visible GPUs); call torch.cuda.set_device(",
               "hvd.local_rank()) and keep the model and its tensors on that device");

@@ -349,14 +349,14 @@ TEST(inline_average_with_prescale_and_postscale_on_three_ranks) {
   // sum(x * 0.5) / 3 * 4
   CHECK_EQ(asVector<float>(out[0].inline_result), (std::vector<float>{4, 4, 0, 2}));
 
-  // Integer Average floors, like Horovod (torch.floor_divide).
+  // Integer Average truncates sum * (1.0 / 3) toward zero, like Horovod.
   Coordinator ci(3, kBigFusion, 16);
   Request qi = req("iavg", {3}, DataType::kInt32, OpType::kAllreduce, ReduceOp::kAverage);
   std::vector<std::vector<int32_t>> idata = {{-7, 1, 9}, {0, 1, 0}, {0, 0, 1}};
   for (int r = 0; r < 3; ++r) ci.add(withData(r, qi, idata[r]));
   out = ci.takeReady();
   if (!CHECK_EQ(out.size(), 1u)) return;
-  CHECK_EQ(asVector<int32_t>(out[0].inline_result), (std::vector<int32_t>{-3, 0, 3}));
+  CHECK_EQ(asVector<int32_t>(out[0].inline_result), (std::vector<int32_t>{-2, 0, 3}));
 }
 
 TEST(inline_min_applies_prescale_before_reducing) {
@@ -652,26 +652,60 @@ TEST(add_process_set_errors_name_the_ranks) {
   CHECK(contains(r.error, "process set 0 already has ranks [0, 1]"));
 }
 
-TEST(remove_process_set_refuses_while_ops_are_in_flight) {
+// A rank that asks to remove a set blocks until every rank asks too, so an op
+// on the set it never submitted could never complete: the ranks waiting in
+// that op get an error naming the remover at once, instead of a stall.
+TEST(remove_process_set_fails_ops_the_remover_never_submitted) {
   Coordinator d(3, kNoFusion, 16);
   const int32_t pair = addSet(d, 3, {0, 1}, "add.0");
   Request op = req("slow");
   op.process_set = pair;
-  CHECK_EQ(d.add(arrive(0, op)), "");  // rank 1 has not submitted it yet
+  CHECK_EQ(d.add(arrive(0, op)), "");  // rank 1 has not submitted it
   Request rm = req("rm", {}, DataType::kUInt8, OpType::kRemoveProcessSet);
   rm.splits = {pair};
-  for (int r = 0; r < 3; ++r) CHECK_EQ(d.add(arrive(r, rm)), "");
+  CHECK_EQ(d.add(arrive(2, rm)), "");  // rank 2 is not in the set: 'slow' may still run
+  CHECK(d.takeReady().empty());
+  CHECK_EQ(d.add(arrive(1, rm)), "");  // rank 1 is: 'slow' can never run now
   std::vector<Response> out = d.takeReady();
   if (!CHECK_EQ(out.size(), 1u)) return;
   CHECK_EQ(out[0].kind, Response::kError);
-  CHECK(contains(out[0].error, "still has operations in flight ('slow')"));
-  CHECK_EQ(d.add(arrive(1, op)), "");
-  CHECK_EQ(d.takeReady().size(), 1u);
-  rm.name = "rm2";
-  for (int r = 0; r < 3; ++r) CHECK_EQ(d.add(arrive(r, rm)), "");
+  CHECK_EQ(out[0].names, std::vector<std::string>{"slow"});
+  CHECK_EQ(out[0].process_set, pair);
+  CHECK(contains(out[0].error, "rank 1 called remove_process_set() for this set without "
+                               "submitting it (ranks [0] did)"));
+  CHECK_EQ(d.add(arrive(0, rm)), "");
   out = d.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
   CHECK_EQ(out[0].kind, Response::kDone);
   CHECK(contains(d.add(arrive(0, op)), "does not exist"));
+}
+
+// The other order: the removal reaches rank 0 first, then an op on the set
+// from a member the remover will never join in it.
+TEST(an_op_arriving_after_a_members_removal_request_fails_at_once) {
+  Coordinator d(4, kNoFusion, 16);
+  const int32_t trio = addSet(d, 4, {0, 1, 2}, "add.0");
+  Request rm = req("rm", {}, DataType::kUInt8, OpType::kRemoveProcessSet);
+  rm.splits = {trio};
+  CHECK_EQ(d.add(arrive(2, rm)), "");
+  Request op = req("late");
+  op.process_set = trio;
+  CHECK_EQ(d.add(arrive(0, op)), "");
+  std::vector<Response> out = d.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kError);
+  CHECK(contains(out[0].error, "rank 2 called remove_process_set()"));
+  CHECK(contains(out[0].error, "(ranks [0] did)"));
+  // After the removal negotiates, nothing is left marked as being removed:
+  // a new set's ops run.
+  for (int r : {0, 1, 3}) CHECK_EQ(d.add(arrive(r, rm)), "");
+  out = d.takeReady();
+  if (CHECK_EQ(out.size(), 1u)) CHECK_EQ(out[0].kind, Response::kDone);
+  const int32_t again = addSet(d, 4, {0, 1, 2}, "add.1");
+  op.process_set = again;
+  for (int r = 0; r < 3; ++r) CHECK_EQ(d.add(arrive(r, op)), "");
+  out = d.takeReady();
+  if (CHECK_EQ(out.size(), 1u)) CHECK(out[0].kind != Response::kError);
 }
 
 int main() { return check::runAll(); }

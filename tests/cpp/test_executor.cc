@@ -296,7 +296,7 @@ TEST(average_goes_to_the_backend_as_sum_then_divides) {
   CHECK_EQ(ob, b);
 }
 
-TEST(integer_average_floors_after_the_sum) {
+TEST(integer_average_truncates_after_the_sum) {
   RecordingBackend backend(4, 0);
   backend.sum_offset = -1;  // the ranks' sum is 4x - 1: the mean is x - 0.25
   Executor ex(&backend, 4);
@@ -305,8 +305,8 @@ TEST(integer_average_floors_after_the_sum) {
   Entry e = entry("i", OpType::kAllreduce, DataType::kInt32, {3}, in.data(), out.data());
   e.request.reduce_op = ReduceOp::kAverage;
   ex.execute(execute(OpType::kAllreduce, {&e}), {&e});
-  // floor(x - 0.25) = x - 1 for every integer x (truncation would give -3 for -3.25).
-  CHECK_EQ(out, (std::vector<int32_t>{-4, -1, 4}));
+  // Horovod: trunc((4x - 1) * 0.25) = trunc(x - 0.25): -3.25 -> -3, -0.25 -> 0, 4.75 -> 4.
+  CHECK_EQ(out, (std::vector<int32_t>{-3, 0, 4}));
 }
 
 TEST(single_allreduce_reduces_in_its_output_with_its_op) {

@@ -1,8 +1,9 @@
 // Reduction and scaling kernels (csrc/core/reduce.h): every dtype under Sum,
 // Min, Max and Product; the float16/bfloat16 conversions against an
 // independent reference (exhaustive over all 16-bit patterns and every
-// rounding tie); Horovod's integer Average (floor division, like
-// torch.floor_divide); scaleBuffer.
+// rounding tie); Horovod's Average and scaling arithmetic (postscale / size
+// in double, integers truncated toward zero, float32 by float(factor));
+// scaleBuffer.
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -420,80 +421,87 @@ TEST(float_to_bfloat16_matches_reference_on_sampled_floats) {
 namespace {
 
 template <typename T>
-std::vector<T> divided(std::vector<T> v, DataType dtype, int divisor) {
-  divideBuffer(v.data(), v.size(), dtype, divisor);
+std::vector<T> averaged(std::vector<T> v, DataType dtype, int divisor, double post = 1.0) {
+  postscaleBuffer(v.data(), v.size(), dtype, ReduceOp::kAverage, divisor, post);
   return v;
 }
 
+// Horovod's integer Average: trunc(double(x) * (post / d)).
 template <typename T>
-void checkFloorDivideRange(DataType dtype, long long lo, long long hi) {
+void checkIntegerAverageRange(DataType dtype, long long lo, long long hi) {
   for (int d = 1; d <= 7; ++d) {
     std::vector<T> v;
     for (long long x = lo; x <= hi; ++x) v.push_back(static_cast<T>(x));
-    divideBuffer(v.data(), v.size(), dtype, d);
+    postscaleBuffer(v.data(), v.size(), dtype, ReduceOp::kAverage, d, 1.0);
     for (long long x = lo; x <= hi; ++x) {
-      long long want = static_cast<long long>(std::floor(static_cast<double>(x) / d));
+      long long want = static_cast<long long>(std::trunc(static_cast<double>(x) * (1.0 / d)));
       if (!CHECK_EQ(static_cast<long long>(v[x - lo]), want))
-        std::printf("    %s: floor(%lld / %d)\n", dataTypeName(dtype), x, d);
+        std::printf("    %s: trunc(%lld * (1.0 / %d))\n", dataTypeName(dtype), x, d);
     }
   }
 }
 
 }  // namespace
 
-// Horovod's integer Average is floor division (torch.floor_divide rounds
-// toward -inf: -7 // 2 == -4), not C++'s truncation (-7 / 2 == -3).
-TEST(divide_buffer_integers_floor_like_torch_floor_divide) {
-  CHECK_EQ(divided<int32_t>({-7, 7, -1, -6, 0, 5}, DataType::kInt32, 2),
-           (std::vector<int32_t>{-4, 3, -1, -3, 0, 2}));
-  CHECK_EQ(divided<int32_t>({-1, -2, -3, -4, 1, 2, 3, 4}, DataType::kInt32, 3),
-           (std::vector<int32_t>{-1, -1, -1, -2, 0, 0, 1, 1}));
-  CHECK_EQ(divided<int8_t>({-128, -127, 127}, DataType::kInt8, 3),
-           (std::vector<int8_t>{-43, -43, 42}));
-  CHECK_EQ(divided<int8_t>({-128, -127}, DataType::kInt8, 2), (std::vector<int8_t>{-64, -64}));
-  CHECK_EQ(divided<int16_t>({-32768, -32767, 32767}, DataType::kInt16, 4),
-           (std::vector<int16_t>{-8192, -8192, 8191}));
-  CHECK_EQ(divided<int32_t>({INT32_MIN, INT32_MAX}, DataType::kInt32, 3),
-           (std::vector<int32_t>{-715827883, 715827882}));
-  CHECK_EQ(divided<int64_t>({INT64_MIN, INT64_MAX, -1}, DataType::kInt64, 3),
-           (std::vector<int64_t>{-3074457345618258603LL, 3074457345618258602LL, -1}));
-  CHECK_EQ(divided<uint8_t>({255, 7, 0}, DataType::kUInt8, 2), (std::vector<uint8_t>{127, 3, 0}));
+// Horovod folds Average into the postscale factor (postscale / size) and
+// scales integers in double, converting back toward zero: -7 / 2 -> -3
+// (not floor's -4), and 49 * (1.0 / 49) = 0.999... -> 0.
+TEST(integer_average_truncates_like_horovods_postscale) {
+  CHECK_EQ(averaged<int32_t>({-7, 7, -1, -6, 0, 5}, DataType::kInt32, 2),
+           (std::vector<int32_t>{-3, 3, 0, -3, 0, 2}));
+  CHECK_EQ(averaged<int32_t>({-1, -2, -3, -4, 1, 2, 3, 4}, DataType::kInt32, 3),
+           (std::vector<int32_t>{0, 0, -1, -1, 0, 0, 1, 1}));
+  CHECK_EQ(averaged<int32_t>({49, 98, -49}, DataType::kInt32, 49),
+           (std::vector<int32_t>{0, 1, 0}));
+  CHECK_EQ(averaged<int8_t>({-128, -127, 127}, DataType::kInt8, 3),
+           (std::vector<int8_t>{-42, -42, 42}));
+  CHECK_EQ(averaged<uint8_t>({255, 7, 0}, DataType::kUInt8, 2), (std::vector<uint8_t>{127, 3, 0}));
+  CHECK_EQ(averaged<int64_t>({int64_t{1} << 40, -3}, DataType::kInt64, 4),
+           (std::vector<int64_t>{int64_t{1} << 38, 0}));
+  // The postscale factor joins the division: one conversion, not two.
+  CHECK_EQ(averaged<int32_t>({10, -10}, DataType::kInt32, 4, 2.0),
+           (std::vector<int32_t>{5, -5}));  // 10 * 0.5; dividing first would give 2 * 2 = 4
   // Divisor 1 changes nothing; bool is left alone.
-  CHECK_EQ(divided<int32_t>({-7, 7}, DataType::kInt32, 1), (std::vector<int32_t>{-7, 7}));
-  CHECK_EQ(divided<uint8_t>({1, 0, 1}, DataType::kBool, 3), (std::vector<uint8_t>{1, 0, 1}));
-  checkFloorDivideRange<int8_t>(DataType::kInt8, -128, 127);
-  checkFloorDivideRange<uint8_t>(DataType::kUInt8, 0, 255);
-  checkFloorDivideRange<int16_t>(DataType::kInt16, -1000, 1000);
-  checkFloorDivideRange<int32_t>(DataType::kInt32, -1000, 1000);
-  checkFloorDivideRange<int64_t>(DataType::kInt64, -1000, 1000);
+  CHECK_EQ(averaged<int32_t>({-7, 7}, DataType::kInt32, 1), (std::vector<int32_t>{-7, 7}));
+  CHECK_EQ(averaged<uint8_t>({1, 0, 1}, DataType::kBool, 3), (std::vector<uint8_t>{1, 0, 1}));
+  // Sum with a postscale factor scales by it alone.
+  std::vector<int32_t> s = {7, -7};
+  postscaleBuffer(s.data(), s.size(), DataType::kInt32, ReduceOp::kSum, 3, 0.5);
+  CHECK_EQ(s, (std::vector<int32_t>{3, -3}));
+  checkIntegerAverageRange<int8_t>(DataType::kInt8, -128, 127);
+  checkIntegerAverageRange<uint8_t>(DataType::kUInt8, 0, 255);
+  checkIntegerAverageRange<int16_t>(DataType::kInt16, -1000, 1000);
+  checkIntegerAverageRange<int32_t>(DataType::kInt32, -1000, 1000);
+  checkIntegerAverageRange<int64_t>(DataType::kInt64, -1000, 1000);
 }
 
-TEST(divide_buffer_floating_point) {
-  // float32 and the 16-bit types come out as the correctly rounded quotient.
+TEST(float_average_multiplies_by_postscale_over_size) {
+  // float32: x * float(post / d), in float.
   std::vector<float> f;
   for (int i = -3000; i <= 3000; ++i) f.push_back(static_cast<float>(i) * 0.37f);
   for (int d : {2, 3, 5, 7}) {
-    std::vector<float> got = divided(f, DataType::kFloat32, d);
-    for (size_t i = 0; i < f.size(); ++i) CHECK_EQ(got[i], f[i] / static_cast<float>(d));
+    for (double post : {1.0, 0.3, 2.5}) {
+      std::vector<float> got = averaged(f, DataType::kFloat32, d, post);
+      const float factor = static_cast<float>(post / d);
+      for (size_t i = 0; i < f.size(); ++i) CHECK_EQ(got[i], f[i] * factor);
+    }
   }
+  // float16/bfloat16: widened, times float(1/3), rounded once.
   std::vector<uint16_t> all16;
   for (uint32_t i = 0; i <= 0xffff; ++i) all16.push_back(static_cast<uint16_t>(i));
-  std::vector<uint16_t> half3 = divided(all16, DataType::kFloat16, 3);
-  std::vector<uint16_t> bf3 = divided(all16, DataType::kBFloat16, 3);
+  std::vector<uint16_t> half3 = averaged(all16, DataType::kFloat16, 3);
+  std::vector<uint16_t> bf3 = averaged(all16, DataType::kBFloat16, 3);
+  const float third = static_cast<float>(1.0 / 3);
   for (uint32_t i = 0; i <= 0xffff; ++i) {
     uint16_t x = static_cast<uint16_t>(i);
-    if (!halfIsNan(x)) CHECK_EQ(half3[i], h(halfToFloat(x) / 3.0f));
-    if (!bf16IsNan(x)) CHECK_EQ(bf3[i], bf(bfloat16ToFloat(x) / 3.0f));
+    if (!halfIsNan(x)) CHECK_EQ(half3[i], h(halfToFloat(x) * third));
+    if (!bf16IsNan(x)) CHECK_EQ(bf3[i], bf(bfloat16ToFloat(x) * third));
   }
-  // float64 divides by multiplying with 1/divisor, as Horovod's Average does
-  // (postscale 1/size): within one ulp of the quotient, exact for powers of 2.
+  // float64: x * (post / d) in double.
   std::vector<double> g = {5.0, -7.0, 1e300, 0.1, 1.0};
-  std::vector<double> g3 = divided(g, DataType::kFloat64, 3);
-  for (size_t i = 0; i < g.size(); ++i) {
-    double q = g[i] / 3;
-    CHECK(std::fabs(g3[i] - q) <= std::fabs(std::nextafter(q, 0.0) - q));
-  }
-  CHECK_EQ(divided(g, DataType::kFloat64, 4),
+  std::vector<double> g3 = averaged(g, DataType::kFloat64, 3, 0.7);
+  for (size_t i = 0; i < g.size(); ++i) CHECK_EQ(g3[i], g[i] * (0.7 / 3));
+  CHECK_EQ(averaged(g, DataType::kFloat64, 4),
            (std::vector<double>{1.25, -1.75, 2.5e299, 0.025, 0.25}));
 }
 
@@ -517,7 +525,13 @@ TEST(scale_buffer_every_dtype) {
 
   std::vector<float> f32 = {1.5f, -2.0f, 0.1f};
   scaleBuffer(f32.data(), f32.size(), DataType::kFloat32, 3.0);
-  CHECK_EQ(f32, (std::vector<float>{4.5f, -6.0f, static_cast<float>(0.1f * 3.0)}));
+  CHECK_EQ(f32, (std::vector<float>{4.5f, -6.0f, 0.1f * 3.0f}));
+  // float32 multiplies by float(factor), in float (Horovod's CPU rule), which
+  // can differ from rounding the double product once: 1/3 shows it.
+  std::vector<float> thirds = {1.0f, 3.0f, 0.1f, 7.0f};
+  scaleBuffer(thirds.data(), thirds.size(), DataType::kFloat32, 1.0 / 3);
+  const float t = static_cast<float>(1.0 / 3);
+  CHECK_EQ(thirds, (std::vector<float>{1.0f * t, 3.0f * t, 0.1f * t, 7.0f * t}));
   std::vector<double> f64 = {1.5, -2.0};
   scaleBuffer(f64.data(), f64.size(), DataType::kFloat64, -0.25);
   CHECK_EQ(f64, (std::vector<double>{-0.375, 0.5}));

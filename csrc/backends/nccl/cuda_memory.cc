@@ -25,11 +25,6 @@ void CudaMemory::scale(void* buf, size_t count, DataType dtype, double factor) {
   launchScale(buf, count, dtype, factor, stream_);
 }
 
-void CudaMemory::divide(void* buf, size_t count, DataType dtype, int divisor) {
-  CudaDeviceScope on(device_);
-  launchDivide(buf, count, dtype, divisor, stream_);
-}
-
 void* CudaMemory::scratch(size_t bytes) {
   if (bytes <= scratch_bytes_) return scratch_;
   CudaDeviceScope on(device_);

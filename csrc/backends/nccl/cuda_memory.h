@@ -19,7 +19,6 @@ class CudaMemory : public Memory {
 
   void copy(void* dst, const void* src, size_t bytes) override;
   void scale(void* buf, size_t count, DataType dtype, double factor) override;
-  void divide(void* buf, size_t count, DataType dtype, int divisor) override;
   void* scratch(size_t bytes) override;
   std::shared_ptr<void> zeros(size_t bytes) override;
   void waitFor(const DeviceEvent& ready) override;

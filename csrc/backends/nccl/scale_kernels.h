@@ -1,10 +1,11 @@
-// Element-wise scaling on the GPU, with the host rules of core/reduce.h so a
-// tensor scales to the same bits on either plane: float32/float64 multiply in
-// their own precision by the factor as given (a double), float16/bfloat16
-// compute in float32 and round to nearest even, integers scale in double and
-// truncate toward zero; Average's integer division floors.
+// Element-wise scaling on the GPU with the host's rules (core/reduce.h,
+// scaleBuffer: Horovod's CPU ScaleBuffer), so a tensor scales to the same bits
+// on either plane: integers multiply in double and truncate toward zero;
+// float64 multiplies in double; float32 by float(factor) in float;
+// float16/bfloat16 widen to float32, multiply by float(factor), round once.
+// Average is a factor too (postscaleFactor), so there is no divide kernel.
 //
-// Threading: any thread; the kernels are enqueued on `stream`.
+// Threading: any thread; the kernel is enqueued on `stream`.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,6 +17,5 @@
 namespace hvd {
 
 void launchScale(void* buf, size_t count, DataType dtype, double factor, cudaStream_t stream);
-void launchDivide(void* buf, size_t count, DataType dtype, int divisor, cudaStream_t stream);
 
 }  // namespace hvd

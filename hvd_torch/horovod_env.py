@@ -1,0 +1,125 @@
+"""Horovod's HOROVOD_* environment variables: which ones hvd-torch honours, and
+a clear refusal at init() for the ones it does not, so none is silently
+ignored (issue #12).
+
+The lists cover every knob in Horovod 0.28.1's horovod/common/common.h, the
+variables its launcher sets for the ranks, and the build-time switches of its
+install docs. check() runs in hvd.init() before the engine starts; a refusal
+is a ValueError naming every offending variable, its value, what it does in
+Horovod and what to do instead.
+
+A variable is refused only when its value asks for something hvd-torch does
+not do: HOROVOD_HIERARCHICAL_ALLREDUCE=0 or HOROVOD_CONTROLLER=gloo describe
+what hvd-torch does anyway and are accepted; =1 or =mpi are refused.
+"""
+
+import os
+
+# Read by the engine at init() (csrc/core/topology.cc) or by the Python layer.
+HONOURED = {
+    "HOROVOD_FUSION_THRESHOLD": "largest fused allreduce buffer, bytes",
+    "HOROVOD_CACHE_CAPACITY": "response cache slots (0 disables the cache)",
+    "HOROVOD_START_TIMEOUT": "rendezvous deadline at init(), seconds",
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": "deadline of one Gloo collective, seconds",
+    "HOROVOD_STALL_CHECK_DISABLE": "1: no stall warnings or stall shutdown",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "warn about ops some ranks never submit after this",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "fail every rank after this (0: never)",
+    # Set by the launcher (hvdrun, horovodrun --gloo, the Ray driver) for each rank.
+    "HOROVOD_RANK": "this process's rank",
+    "HOROVOD_SIZE": "number of ranks",
+    "HOROVOD_LOCAL_RANK": "rank on this host",
+    "HOROVOD_LOCAL_SIZE": "ranks on this host",
+    "HOROVOD_CROSS_RANK": "this host's index",
+    "HOROVOD_CROSS_SIZE": "number of hosts",
+    "HOROVOD_HOSTNAME": "this host's name, as the other ranks reach it",
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR": "rendezvous store address",
+    "HOROVOD_GLOO_RENDEZVOUS_PORT": "rendezvous store port",
+    "HOROVOD_SECRET_KEY": "rendezvous store secret",
+    "HOROVOD_ELASTIC": "set to 1 by the elastic launcher; scripts may read it",
+    "HOROVOD_GPU_OPERATIONS": "NCCL or GLOO (host-staged): how CUDA tensors move (hvd_torch/gpu.py)",
+}
+
+# Values that describe what hvd-torch always does: accepted (value -> reason);
+# any other value is refused.
+ACCEPTED_VALUES = {
+    "HOROVOD_CONTROLLER": ({"gloo"}, "the only controller is Gloo"),
+    "HOROVOD_CPU_OPERATIONS": ({"gloo"}, "CPU collectives run on Gloo"),
+    "HOROVOD_DYNAMIC_PROCESS_SETS": (None, "process sets can always be added and removed"),
+    "HOROVOD_MPI_THREADS_DISABLE": (None, "there is no MPI"),
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": ({"0", ""}, "allreduce is never hierarchical"),
+    "HOROVOD_HIERARCHICAL_ALLGATHER": ({"0", ""}, "allgather is never hierarchical"),
+    "HOROVOD_TORUS_ALLREDUCE": ({"0", ""}, "allreduce is never a torus"),
+    "HOROVOD_AUTOTUNE": ({"0", ""}, "there is no autotuner"),
+    "HOROVOD_TIMELINE_MARK_CYCLES": ({"0", ""}, "there is no timeline and no cycle"),
+    "HOROVOD_DISABLE_GROUP_FUSION": ({"0", ""}, "grouped ops fuse with others"),
+    "HOROVOD_ENABLE_ASYNC_COMPLETION": ({"0", ""}, "CPU ops complete on the engine thread"),
+    "HOROVOD_DISABLE_NVTX_RANGES": (None, "there are no NVTX ranges"),
+    "HOROVOD_ENABLE_XLA_OPS": ({"0", ""}, "there are no XLA ops (TensorFlow only)"),
+    # Horovod's per-op GPU switches: one plane moves every op (HOROVOD_GPU_OPERATIONS).
+    "HOROVOD_GPU_ALLREDUCE": ({"nccl", ""}, "CUDA allreduces use NCCL when it is built"),
+    "HOROVOD_GPU_ALLGATHER": ({"nccl", ""}, "CUDA allgathers use NCCL when it is built"),
+    "HOROVOD_GPU_BROADCAST": ({"nccl", ""}, "CUDA broadcasts use NCCL when it is built"),
+    "HOROVOD_GPU_ALLTOALL": ({"nccl", ""}, "CUDA alltoalls use NCCL when it is built"),
+    "HOROVOD_GPU_REDUCESCATTER": ({"nccl", ""}, "CUDA reducescatters use NCCL when it is built"),
+    "HOROVOD_NUM_NCCL_STREAMS": ({"1", ""}, "one NCCL stream per GPU"),
+    "HOROVOD_BATCH_D2D_MEMCOPIES": ({"0", ""}, "fusion-buffer copies are one cudaMemcpyAsync each"),
+}
+
+# Implemented by work in progress elsewhere (multi-host and GPU paths): listed
+# as honoured once those land. The lead adjusts this group when merging.
+PENDING_OTHER_WORK = {
+    "HOROVOD_GLOO_IFACE": "network interface for Gloo (multi-host work)",
+}
+# Asks for something hvd-torch does not have: refused whenever set (and not
+# empty), with what to do instead.
+REFUSED = {
+    "HOROVOD_TIMELINE": "writes a Chrome-trace timeline; hvd-torch has no timeline yet",
+    "HOROVOD_AUTOTUNE_LOG": "autotuner log; hvd-torch has no autotuner",
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "autotuner setting; hvd-torch has no autotuner",
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "autotuner setting; hvd-torch has no autotuner",
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "autotuner setting; hvd-torch has no autotuner",
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "autotuner setting; hvd-torch has no autotuner",
+    "HOROVOD_CYCLE_TIME": ("background cycle in ms; hvd-torch has no cycle: an op is negotiated "
+                           "the moment it is submitted, and ops submitted while a collective "
+                           "runs are fused"),
+    "HOROVOD_CCL_CACHE": "oneCCL setting; hvd-torch has no oneCCL",
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": "Adasum over MPI; hvd-torch has neither",
+    "HOROVOD_THREAD_AFFINITY": "pins Horovod's background thread to cores; not implemented",
+    "HOROVOD_LOG_LEVEL": "Horovod's C++ log level; hvd-torch's engine has no log levels",
+    "HOROVOD_LOG_HIDE_TIME": "Horovod's C++ log format; hvd-torch's engine has no log levels",
+    "HOROVOD_MPI": "selects MPI; hvd-torch has no MPI",
+}
+
+
+def _problems(environ):
+    out = []
+    for name, value in sorted(environ.items()):
+        if not name.startswith("HOROVOD_") or name in HONOURED:
+            continue
+        if name in ACCEPTED_VALUES:
+            allowed, meaning = ACCEPTED_VALUES[name]
+            if allowed is None or value.strip().lower() in allowed:
+                continue
+            out.append(f"{name}={value!r}: hvd-torch accepts only "
+                       f"{sorted(v for v in allowed if v) or ['0']} here ({meaning})")
+        elif name in PENDING_OTHER_WORK:
+            out.append(f"{name}={value!r}: {PENDING_OTHER_WORK[name]}, not in this build")
+        elif name in REFUSED:
+            if value == "":
+                continue
+            out.append(f"{name}={value!r}: in Horovod this {REFUSED[name]}")
+    return out
+
+
+def check(environ=None):
+    """Raises ValueError naming every HOROVOD_* variable this build would ignore.
+
+    Unknown HOROVOD_* names (not Horovod's either) are left alone: they may
+    belong to the user's own scripts.
+    """
+    problems = _problems(os.environ if environ is None else environ)
+    if problems:
+        raise ValueError(
+            "hvd_torch.init(): these Horovod environment variables ask for behaviour hvd-torch "
+            "does not have, so they would be silently ignored; unset them (docs/compat.md, "
+            "'Environment variables'):\n  " + "\n  ".join(problems))
