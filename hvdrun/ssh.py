@@ -25,7 +25,7 @@ import time
 __all__ = ["SSH_FAILED", "SshSettings", "check_reachable", "remote_command"]
 
 SSH_FAILED = 255  # ssh's exit code for its own errors
-_STOP_GRACE = 3  # seconds between the wrapper's TERM and KILL
+_STOP_GRACE = 3  # seconds the wrapper waits between TERM and KILL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,10 @@ def remote_script(command: list[str], env: dict[str, str], cwd: str) -> str:
         f"setsid {shlex.join(command)} </dev/null 3<&- &\n"
         "pid=$!\n"
         "( while read -r _ <&3; do :; done\n"
-        f"  kill -TERM -$pid 2>/dev/null; sleep {_STOP_GRACE}; kill -KILL -$pid 2>/dev/null ) &\n"
+        "  kill -TERM -$pid 2>/dev/null; n=0\n"
+        f"  while kill -0 -$pid 2>/dev/null && [ $n -lt {_STOP_GRACE * 10} ]; do\n"
+        "    sleep 0.1; n=$((n + 1)); done\n"
+        "  kill -KILL -$pid 2>/dev/null ) &\n"
         "watcher=$!\n"
         "exec 3<&-\n"
         "wait $pid\n"
