@@ -14,7 +14,8 @@ give --nnodes, --node-rank and --rdzv-endpoint (slurm.py).
 
 Store keys (prefix hvdrun/):
   nodes/<r>       "<nproc> <hostname>"   node r checked in
-  failed          why                    a rank failed; every node stops its ranks
+  failed/<r>      "<order> why"          a rank of node r failed; every node stops its
+                                         ranks (order: how likely it is the cause)
   done/<r>        exit code              node r's ranks are over; node 0 keeps the
                                          store up until every node has said so
 """
@@ -33,7 +34,7 @@ from .env import rank_env
 from .output import note
 from .processes import Processes
 from .slurm import node_defaults
-from .store import KVStoreClient, KVStoreServer, StoreError, secret_from_hex
+from .store import KVStoreClient, KVStoreServer, StoreError, StoreTimeout, secret_from_hex
 from .supervise import RankInfo, supervise
 
 __all__ = ["NodeOptions", "parse_node_options", "run_node"]
@@ -41,6 +42,8 @@ __all__ = ["NodeOptions", "parse_node_options", "run_node"]
 SECRET_ENV = "HVD_TORCH_SECRET"
 _NODE_KEYS = ("nnodes", "node_rank", "nproc_per_node", "rdzv_endpoint", "rdzv_secret_file")
 _DONE_WAIT = 60.0  # how long node 0 keeps the store up for nodes still finishing
+_CAUSE_WAIT = 1.0  # how long a failed node waits to hear of failures elsewhere
+_FAILED = "hvdrun/failed/"
 
 
 @dataclasses.dataclass
@@ -105,6 +108,21 @@ def _secret(path: str | None, environ) -> bytes:
     if len(secret) < 16:
         raise UsageError(f"{where}: the secret must be at least 16 bytes (32 hex digits)")
     return secret
+
+
+def _report_cause(client: KVStoreClient, node_rank: int, order: int, failure: str) -> None:
+    """Posts this node's failure; after a moment, names the likeliest cause among every
+    node's failures (see supervise._cause_order) if it was elsewhere.  A rank's death
+    fails the ranks of every node within milliseconds, so each node sees failures."""
+    client.set(f"{_FAILED}{node_rank}", f"{order} {failure}")
+    time.sleep(_CAUSE_WAIT)
+    posted = []
+    for key in client.list_keys(_FAILED):
+        their_order, _, message = client.get(key).decode().partition(" ")
+        posted.append((int(their_order), int(key[len(_FAILED):]), message))
+    best = min(posted)
+    if best[1] != node_rank and best[0] < order:
+        note(f"node {node_rank}: the failure started on node {best[1]}: {best[2]}")
 
 
 def run_node(opts) -> int:
@@ -194,22 +212,23 @@ def _run(opts, n: NodeOptions, client: KVStoreClient, procs, received, timeout: 
             procs.start(rank, opts.command, env)
         except OSError as e:
             note(f"cannot start rank {rank} on host {hostname}: {opts.command[0]}: {e.strerror}")
-            client.set("hvdrun/failed", f"rank {rank} on host {hostname} could not start")
+            client.set(f"{_FAILED}{n.node_rank}", f"1 rank {rank} on host {hostname} could not start")
             return 127
 
     def other_node_failed() -> str | None:
         try:
-            if client.check(["hvdrun/failed"]):
-                return "another node failed: " + client.get("hvdrun/failed").decode()
+            failed = client.list_keys(_FAILED)
+            if failed:
+                return "another node failed: " + client.get(failed[0]).decode().partition(" ")[2]
         except StoreError as e:
             return f"lost the job's store at {n.host}:{n.port} (node 0 gone?): {e}"
         return None
 
-    code, failure = supervise(procs, infos, received, other_node_failed)
+    code, failure, order = supervise(procs, infos, received, other_node_failed)
     procs.drain()
     try:
-        if failure is not None and not failure.startswith("another node failed"):
-            client.set("hvdrun/failed", f"{failure} (node {n.node_rank})")
+        if order is not None:
+            _report_cause(client, n.node_rank, order, f"{failure} (node {n.node_rank}, {hostname})")
         client.set(f"hvdrun/done/{n.node_rank}", str(code))
         if n.node_rank == 0:
             done = [f"hvdrun/done/{r}" for r in range(n.nnodes)]

@@ -108,7 +108,7 @@ def _run(job: StaticJob, procs: Processes, received: list[int]) -> int:
                 what = "ssh" if remote else job.command[0]
                 note(f"cannot start rank {p.rank} on host {p.host}: {what}: {e.strerror}")
                 return 127  # the shell's code for "command not found"
-        code, _ = supervise(procs, infos, received)
+        code, _, _ = supervise(procs, infos, received)
         procs.drain()
         return code
 
