@@ -31,6 +31,7 @@ from .store import KVStoreClient, KVStoreServer, make_secret, secret_to_hex
 __all__ = ["ElasticOptions", "HostLauncher", "parse_elastic_options", "run_elastic"]
 
 _DEFAULT_ELASTIC_TIMEOUT = 600.0  # horovodrun's default
+LOCAL_LABELS_ENV = "HVD_TORCH_ELASTIC_LOCAL"
 _ELASTIC_ONLY = {
     "slots_per_host": "--slots-per-host",
     "reset_limit": "--reset-limit",
@@ -131,7 +132,7 @@ class HostLauncher:
         self._procs = Processes()
 
     def start(self, worker_id: str, host: str, env) -> _Worker:
-        if is_local_host(host):
+        if _runs_here(host):
             full = dict(os.environ)
             full.update(env)
             full["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = self._local_store_host
@@ -147,12 +148,19 @@ class HostLauncher:
         return _Worker(self._procs.start(worker_id, argv, dict(os.environ), stdin_pipe=True))
 
     def engine_host(self, host: str) -> str:
-        return socket.gethostname() if is_local_host(host) else host
+        return socket.gethostname() if _runs_here(host) else host
 
     def stop(self) -> None:
         if any(p.poll() is None for p in self._procs.procs):
             self._procs.stop()
         self._procs.drain()
+
+
+def _runs_here(host: str) -> bool:
+    """Whether host's workers start on this machine.  HVD_TORCH_ELASTIC_LOCAL=1 makes
+    every discovered host a label for this machine (slot counts and blacklisting
+    work as usual; no ssh): for trying elastic behaviour on one machine."""
+    return os.environ.get(LOCAL_LABELS_ENV) == "1" or is_local_host(host)
 
 
 def _store_bind(discovery, iface: str | None) -> tuple[str, str]:
@@ -164,7 +172,7 @@ def _store_bind(discovery, iface: str | None) -> tuple[str, str]:
         first = dict(discovery())
     except Exception:  # noqa: BLE001  (the driver reports discovery failures itself)
         first = {}
-    remote = [h for h in first if not is_local_host(h)]
+    remote = [h for h in first if not _runs_here(h)]
     if not remote:
         # Listen everywhere anyway: remote hosts may be discovered later.
         return "0.0.0.0", "127.0.0.1"
