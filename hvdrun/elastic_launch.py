@@ -144,8 +144,8 @@ class HostLauncher:
         full = forwarded_env(os.environ, self._extra_env)
         full.update(env)
         full["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = store_host
-        argv = remote_command(host, self._command, full, os.getcwd(), self._ssh)
-        return _Worker(self._procs.start(worker_id, argv, dict(os.environ), stdin_pipe=True))
+        argv, stdin = remote_command(host, self._command, full, os.getcwd(), self._ssh)
+        return _Worker(self._procs.start(worker_id, argv, dict(os.environ), stdin=stdin))
 
     def engine_host(self, host: str) -> str:
         return socket.gethostname() if _runs_here(host) else host

@@ -23,7 +23,6 @@ Store keys (prefix hvdrun/):
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import socket
 import threading
@@ -34,7 +33,7 @@ from .env import rank_env
 from .output import note
 from .processes import Processes
 from .slurm import node_defaults
-from .store import KVStoreClient, KVStoreServer, StoreError, StoreTimeout, secret_from_hex
+from .store import KVStoreClient, KVStoreServer, StoreError, secret_from_hex
 from .supervise import RankInfo, supervise
 
 __all__ = ["NodeOptions", "parse_node_options", "run_node"]

@@ -34,19 +34,25 @@ class Processes:
         self.procs: list[subprocess.Popen] = []
         self._pumps: list[threading.Thread] = []
 
-    def start(self, label, command: list[str], env: dict[str, str], stdin_pipe: bool = False):
+    def start(self, label, command: list[str], env: dict[str, str], stdin: bytes | None = None):
         """Starts command; its output lines are prefixed with `[label]<stream>:`.
-        stdin_pipe: give it a stdin pipe that stays open until stop() (ssh clients).
-        Raises OSError when the command cannot be executed."""
+        stdin: bytes written to a stdin pipe that then stays open until stop() (ssh
+        clients); None: no stdin.  Raises OSError when the command cannot be executed."""
         proc = subprocess.Popen(
             command,
             env=env,
-            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
         self.procs.append(proc)
+        if stdin is not None:
+            try:
+                proc.stdin.write(stdin)
+                proc.stdin.flush()
+            except BrokenPipeError:
+                pass  # it died at once; its exit code tells why
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             pump = threading.Thread(
                 target=_pump, args=(label, stream, pipe), name=f"hvdrun-{label}-{stream}",

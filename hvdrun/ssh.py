@@ -3,7 +3,8 @@
 A remote rank is `ssh host sh -c <wrapper>` (see remote_script()).  The wrapper
 cds to the launcher's working directory (hosts are expected to share the file
 system, or at least its layout, as with horovodrun), exports the rank's variables,
-and runs the command in its own process group.  It also watches its stdin, the ssh
+and runs the command in its own process group.  The job's secret is the first line
+the wrapper reads from stdin, so it never appears on a command line.  It also watches its stdin, the ssh
 channel: when hvdrun closes that pipe, or hvdrun or the connection dies, the read
 sees EOF and the wrapper kills the whole group (TERM, then KILL), so no rank is left
 behind on a remote host.  Without a terminal (-T) ssh sends no SIGHUP, which is why
@@ -25,6 +26,7 @@ import time
 __all__ = ["SSH_FAILED", "SshSettings", "check_reachable", "remote_command"]
 
 SSH_FAILED = 255  # ssh's exit code for its own errors
+SECRET_VAR = "HOROVOD_SECRET_KEY"
 _STOP_GRACE = 3  # seconds the wrapper waits between TERM and KILL
 
 
@@ -54,9 +56,12 @@ class SshSettings:
 
 
 def remote_script(command: list[str], env: dict[str, str], cwd: str) -> str:
-    """The shell program a remote rank runs (see the module docstring)."""
+    """The shell program a remote rank runs (see the module docstring).  Its first
+    stdin line is the job's secret (SECRET_VAR), kept off every command line."""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
     return (
+        f"IFS= read -r {SECRET_VAR} || exit 125\n"
+        f"export {SECRET_VAR}\n"
         f"cd {shlex.quote(cwd)} || exit 127\n"
         f"{exports}"
         "exec 3<&0\n"  # an asynchronous list's own stdin is /dev/null; keep the channel
@@ -78,9 +83,14 @@ def remote_script(command: list[str], env: dict[str, str], cwd: str) -> str:
 
 def remote_command(
     host: str, command: list[str], env: dict[str, str], cwd: str, settings: SshSettings
-) -> list[str]:
-    """argv of the local ssh client that runs command on host."""
-    return settings.base_command(host) + ["sh -c " + shlex.quote(remote_script(command, env, cwd))]
+) -> tuple[list[str], bytes]:
+    """(argv of the local ssh client that runs command on host, what to write to its
+    stdin first).  env's SECRET_VAR travels on stdin: a command line is visible to
+    every user of both machines (ps), a pipe is not."""
+    env = dict(env)
+    secret = env.pop(SECRET_VAR, "")
+    script = remote_script(command, env, cwd)
+    return settings.base_command(host) + ["sh -c " + shlex.quote(script)], f"{secret}\n".encode()
 
 
 def check_reachable(hosts: list[str], settings: SshSettings, timeout: float) -> dict[str, str]:

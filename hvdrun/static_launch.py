@@ -5,9 +5,7 @@
 Ranks on this machine (localhost, its hostname) start as local processes; the others
 start over ssh (ssh.py) after a parallel check that every remote host answers.  The
 store listens on an address the remote hosts reach (network.py) with a fresh secret,
-which reaches remote ranks inside the ssh command (never on a command line of this
-machine: `ps` shows the ssh client's argv, so the script goes to ssh on its stdin...
-see _start_remote).
+which remote ranks receive on the ssh channel's stdin, never on a command line.
 """
 
 from __future__ import annotations
@@ -116,7 +114,7 @@ def _run(job: StaticJob, procs: Processes, received: list[int]) -> int:
 def _start_remote(procs: Processes, p: Placement, env: dict[str, str], job: StaticJob) -> None:
     full = forwarded_env(os.environ, job.extra_env)
     full.update(env)
-    argv = remote_command(p.host, job.command, full, os.getcwd(), job.ssh)
+    argv, stdin = remote_command(p.host, job.command, full, os.getcwd(), job.ssh)
     if job.verbose:
         note(f"rank {p.rank} on {p.host}: ssh {p.host} {subprocess.list2cmdline(job.command)}")
-    procs.start(p.rank, argv, dict(os.environ), stdin_pipe=True)
+    procs.start(p.rank, argv, dict(os.environ), stdin=stdin)

@@ -180,6 +180,7 @@ def test_killed_remote_rank_ends_the_job_in_seconds_and_leaves_nothing(tmp_path)
             time.sleep(0.5)  # let a few collectives run
             victim = int((pids_dir / "3").read_text())
             assert victim in hosts.pids("b")  # rank 3 really runs on host b
+            _assert_secret_on_no_command_line(victim)
             killed_at = time.monotonic()
             os.kill(victim, signal.SIGKILL)
         except BaseException:
@@ -211,3 +212,18 @@ def test_local_and_remote_ranks_mix(tmp_path):
         assert reports[0]["hosts"] == [hosts.launcher_address(), a, a]
         assert reports[2]["total"] == 6
         assert socket.gethostname()  # the local rank ran here, not over ssh
+
+
+def _assert_secret_on_no_command_line(rank_pid):
+    """The job's secret reached the remote rank (its environment) without appearing in
+    any process's argv, here or on the hosts (one /proc: the hosts share this kernel)."""
+    environ = open(f"/proc/{rank_pid}/environ", "rb").read().split(b"\0")
+    (secret,) = [v.split(b"=", 1)[1] for v in environ if v.startswith(b"HOROVOD_SECRET_KEY=")]
+    assert len(secret) == 64
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue  # gone meanwhile
+            assert secret not in cmdline, (pid, cmdline)
