@@ -125,3 +125,51 @@ def test_remote_wrapper_stops_its_rank_when_the_channel_closes(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_kubernetes_recipe_parses(tmp_path):
+    """examples/k8s_digits.yaml: a headless Service and an indexed Job whose pod
+    command is a valid per-node hvdrun line for node 0's DNS name."""
+    import shlex
+
+    import yaml
+
+    from hvdrun.launch import parse_args
+
+    service, job = yaml.safe_load_all((ROOT / "examples" / "k8s_digits.yaml").read_text())
+    assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == service["metadata"]["name"]
+    (container,) = pod["containers"]
+    line = container["args"][0].replace('"$JOB_COMPLETION_INDEX"', "1")
+    argv = shlex.split(line)
+    assert argv[:2] == ["exec", ".venv/bin/hvdrun"]
+    secret = tmp_path / "secret"
+    secret.write_text("ab" * 32)
+    argv = [a if a != "/etc/hvd-secret/secret" else str(secret) for a in argv[2:]]
+    opts = parse_args(argv, environ={})
+    assert (opts.node.nnodes, opts.node.node_rank, opts.node.nproc_per_node) == (2, 1, 2)
+    assert (opts.node.host, opts.node.port) == ("hvd-digits-0.hvd-digits", 29400)
+    assert opts.command[-3:] == ["examples/digits_allreduce.py", "--epochs", "10"]
+
+
+def test_the_slurm_recipe_parses():
+    """examples/slurm_digits.sbatch: its srun line, as each node's hvdrun sees it
+    under the job step's SLURM_* variables."""
+    import shlex
+
+    from hvdrun.launch import parse_args
+
+    text = (ROOT / "examples" / "slurm_digits.sbatch").read_text().replace("\\\n", " ")
+    (line,) = [x for x in text.splitlines() if x.startswith("srun ")]
+    argv = shlex.split(line)
+    assert argv[:2] == ["srun", "--ntasks-per-node=1"] and argv[2] == "hvdrun"
+    env = {"SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2",
+           "SLURM_JOB_NODELIST": "cn[07-08]", "SLURM_JOB_ID": "5003",
+           "HVD_TORCH_SECRET": "cd" * 32}  # fmt: skip
+    opts = parse_args(argv[3:], environ=env)
+    assert (opts.node.nnodes, opts.node.node_rank, opts.node.nproc_per_node) == (2, 1, 2)
+    assert (opts.node.host, opts.node.port) == ("cn07", 29403)
+    assert "#SBATCH --nodes=2" in text and "export HVD_TORCH_SECRET" in text
