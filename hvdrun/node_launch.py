@@ -59,8 +59,9 @@ def parse_node_options(values: dict[str, str], num_proc, environ) -> NodeOptions
     """NodeOptions when the command line (or srun, when -np/-H are not given) asks for
     per-node mode, else None.  Raises UsageError."""
     given = {k: values[k] for k in _NODE_KEYS if k in values}
-    if not given and (num_proc is not None or "hosts" in values or "min_np" in values):
-        return None
+    other_mode = {"hosts", "min_np", "max_np", "discovery_script"} & values.keys()
+    if not given and (num_proc is not None or other_mode):
+        return None  # under srun, but the user asked for a static or elastic job
     merged = dict(node_defaults(environ))
     merged.update(given)
     if not given and not merged:

@@ -132,6 +132,12 @@ class NetnsHosts:
             self._lock_file.close()
             self._lock_file = None
 
+    def unplug(self, name: str) -> None:
+        """Takes the host off the network, as if its cable were pulled: its end of
+        every bridge goes down, packets to and from it are dropped without a reply."""
+        for bridge in self.networks:
+            _ip("link", "set", f"{bridge}{name}"[:15], "down")
+
     def stop_sshd(self, name: str) -> None:
         proc = self._sshd.pop(name)
         proc.kill()

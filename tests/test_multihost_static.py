@@ -201,6 +201,39 @@ def test_killed_remote_rank_ends_the_job_in_seconds_and_leaves_nothing(tmp_path)
               f"{time.monotonic() - killed_at:.2f}s after the kill")
 
 
+def test_unreachable_host_mid_job_ends_it_in_seconds_naming_it(tmp_path):
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    with cluster(tmp_path, ["a", "b"]) as hosts:
+        a, b = hosts.address("a"), hosts.address("b")
+        proc = spawn(["hvdrun", "-np", "4", "-H", f"{a}:2,{b}:2", *hosts.hvdrun_ssh_args(),
+                      "-x", "MH_PIDS", "python", "-c", FOREVER],
+                     env=_env(MH_PIDS=str(pids_dir)))  # fmt: skip
+        try:
+            deadline = time.monotonic() + 90
+            while len(os.listdir(pids_dir)) < 4 and time.monotonic() < deadline:
+                assert proc.poll() is None, finish(proc, 10)
+                time.sleep(0.1)
+            assert len(os.listdir(pids_dir)) == 4, "ranks did not start in 90s"
+            cut_at = time.monotonic()
+            hosts.unplug("b")
+        except BaseException:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        run = finish(proc, 60, started=cut_at)
+        # ssh's keep-alives (every 2 s, 3 missed) notice first; Gloo would wait 30 s.
+        assert run.code == 255, run
+        assert run.seconds < 12, run
+        assert f"on host {b}: ssh failed or lost the connection to {b}" in run.err, run
+        # Host a's ranks are stopped through their live ssh channels.
+        deadline = time.monotonic() + 10
+        while hosts.pids("a") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert hosts.pids("a") == []
+        print(f"host b unplugged -> hvdrun exit: {run.seconds:.2f}s")
+
+
 def test_local_and_remote_ranks_mix(tmp_path):
     # This machine (on the bridge) and one namespace host in one job.
     with cluster(tmp_path, ["a"]) as hosts:
