@@ -120,14 +120,12 @@ class HostLauncher:
     address the remote ones reach: they use --network-interface's, or the address
     towards the first remote host discovery named at the start."""
 
-    def __init__(self, command: list[str], ssh: SshSettings, iface: str | None, note,
-                 local_store_host: str, port: int, extra_env):  # fmt: skip
+    def __init__(self, command: list[str], ssh: SshSettings, iface: str | None,
+                 local_store_host: str, extra_env):  # fmt: skip
         self._command = command
         self._ssh = ssh
         self._iface = iface
-        self._note = note
         self._local_store_host = local_store_host
-        self._port = port
         self._extra_env = dict(extra_env)
         self._procs = Processes()
 
@@ -197,9 +195,8 @@ def run_elastic(opts) -> int:
     try:
         with KVStoreServer(bind, 0, secret) as store:
             launcher = HostLauncher(
-                opts.command, opts.ssh, opts.iface, note, local_store_host, store.port,
-                opts.extra_env,
-            )  # fmt: skip
+                opts.command, opts.ssh, opts.iface, local_store_host, opts.extra_env
+            )
             if opts.verbose:
                 note(f"store listening on {store.address}")
             worker_env = {

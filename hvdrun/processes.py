@@ -21,7 +21,9 @@ import time
 
 from .output import STREAM_LOCKS
 
-__all__ = ["GRACE_SECONDS", "POLL_SECONDS", "Processes", "describe_exit", "exit_code"]
+__all__ = [
+    "GRACE_SECONDS", "POLL_SECONDS", "Processes", "close_stdin", "exit_code", "signal_group",
+]  # fmt: skip
 
 GRACE_SECONDS = 3.0  # SIGTERM -> SIGKILL
 POLL_SECONDS = 0.05
@@ -117,16 +119,6 @@ def _pump(label, stream: str, pipe) -> None:
                     # Our own stdout is gone (`hvdrun ... | head`) or cannot encode
                     # the line: keep draining, or the rank would block on a full pipe.
                     pass
-
-
-def describe_exit(code: int) -> str:
-    """How a process ended, for messages: "exited with code 3", "was killed by ..."."""
-    if code < 0:
-        try:
-            return f"was killed by signal {-code} ({signal.Signals(-code).name})"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def exit_code(code: int) -> int:

@@ -97,7 +97,7 @@ def _run(job: StaticJob, procs: Processes, received: list[int]) -> int:
                     _start_remote(procs, p, env, job)
                 else:
                     full = dict(os.environ)
-                    full.update({k: v for k, v in forwarded_env({}, job.extra_env).items()})
+                    full.update({k: v for k, v in job.extra_env.items() if v is not None})
                     full.update(env)
                     if job.verbose:
                         note(f"rank {p.rank}: {subprocess.list2cmdline(job.command)}")
