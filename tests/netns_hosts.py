@@ -62,15 +62,18 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 class NetnsHosts:
-    def __init__(self, workdir: Path, names: list[str], networks=("hvdt0",), sshd=None):
+    def __init__(self, workdir: Path, names: list[str], networks=("hvdt0",), sshd=None,
+                 ssh_port: int = 22):  # fmt: skip
         """names: host names ("a", "b", ...); host i gets .2 + i on every network.
         sshd: the names that run an sshd (default all): a host without one
-        refuses ssh connections, like a machine whose sshd is down."""
+        refuses ssh connections, like a machine whose sshd is down.
+        ssh_port: the port every sshd listens on."""
         self.workdir = Path(workdir)
         self.names = list(names)
         self.networks = list(networks)
         self.sshd_hosts = list(names if sshd is None else sshd)
         self.key = self.workdir / "client_key"
+        self.ssh_port = ssh_port
         self._sshd: dict[str, subprocess.Popen] = {}
         self._lock_file = None
 
@@ -86,7 +89,8 @@ class NetnsHosts:
         return f"{NETWORKS[network]}.1"
 
     def hvdrun_ssh_args(self) -> list[str]:
-        return ["--ssh-identity-file", str(self.key)]
+        port = [] if self.ssh_port == 22 else ["--ssh-port", str(self.ssh_port)]
+        return ["--ssh-identity-file", str(self.key), *port]
 
     def pids(self, name: str) -> list[int]:
         """Processes running in the host's namespace, its sshd excluded."""
@@ -185,7 +189,7 @@ class NetnsHosts:
             "\n".join([
                 f"ListenAddress {self.address(name)}",
                 *(f"ListenAddress {self.address(name, n)}" for n in self.networks[1:]),
-                "Port 22",
+                f"Port {self.ssh_port}",
                 f"HostKey {self.workdir / 'host_key'}",
                 f"AuthorizedKeysFile {self.workdir / 'authorized_keys'}",
                 "PermitRootLogin prohibit-password",
@@ -213,7 +217,8 @@ class NetnsHosts:
             probe = subprocess.run(
                 ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
                  "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-                 "-o", "ConnectTimeout=2", "-i", str(self.key), self.address(name), "true"],
+                 "-o", "ConnectTimeout=2", "-p", str(self.ssh_port), "-i", str(self.key),
+                 self.address(name), "true"],
                 stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10,
             )  # fmt: skip
             if probe.returncode == 0:

@@ -78,8 +78,9 @@ def test_two_hosts_train_digits_to_identical_weights(tmp_path):
     assert _digest(run) == _digest(local), (run, local)
 
 
-def test_hostfile(tmp_path):
-    with cluster(tmp_path, ["a", "b"]) as hosts:
+def test_hostfile_and_ssh_port(tmp_path):
+    with cluster(tmp_path, ["a", "b"], ssh_port=2222) as hosts:
+        assert hosts.hvdrun_ssh_args()[-2:] == ["--ssh-port", "2222"]
         a, b = hosts.address("a"), hosts.address("b")
         hostfile = tmp_path / "hostfile"
         hostfile.write_text(f"# two hosts\n{a} slots=1\n\n{b}   slots=3  # the bigger one\n")
