@@ -153,3 +153,32 @@ def test_grows_onto_a_new_host_then_survives_losing_it(tmp_path, elastic, monkey
         assert weights[0] == pytest.approx(expected, abs=_ATOL, rel=0)
         first_step = min(t for t, _ in j.events("step", after=lost_at))
         print(f"\nhost b lost -> first training step with 2 workers: {first_step - lost_at:.2f}s")
+
+
+def test_host_removed_by_discovery_loses_its_workers_and_nothing_is_left(tmp_path, elastic,
+                                                                        monkeypatch):  # fmt: skip
+    import elastic_job
+
+    monkeypatch.setattr(elastic_job, "EPOCHS", EPOCHS)
+    with cluster(tmp_path, ["a", "b"]) as hosts:
+        a, b = hosts.address("a"), hosts.address("b")
+        j = elastic(hosts, f"{a}:1\n{b}:1\n")
+        j.wait_for(lambda line: "EVENT step epoch=0 batch=3 size=2" in line)
+        assert len(hosts.pids("b")) >= 1  # the worker (and its wrapper) run on b
+        j.set_hosts(f"{a}:1\n{b}:2\n")  # b grows: a second worker starts there
+        j.wait_for(lambda line: "EVENT step" in line and "size=3" in line)
+        removed_at = time.time()
+        j.set_hosts(f"{a}:2\n")  # b leaves; a gets a second slot
+        j.wait_for(lambda line: "EVENT step" in line and "size=2" in line
+                   and float(line.rsplit("t=", 1)[1]) > removed_at)  # fmt: skip
+        # b's workers were asked to leave, exited, and took their wrappers with them.
+        deadline = time.monotonic() + 15
+        while hosts.pids("b") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert hosts.pids("b") == [], j.output
+        assert j.finish() == 0, j.output
+        assert "blacklisted" not in j.output  # leaving is no failure
+        done = [f for _, f in j.events("done")]
+        assert len(done) == 2 and {f["size"] for f in done} == {"2"}, j.output
+        sizes = [f["size"] for _, f in j.events("start") if f["rank"] == "0"]
+        assert sizes[:1] == ["2"] and "3" in sizes and sizes[-1] == "2", sizes
