@@ -79,7 +79,8 @@ def extension():
 
 setup(
     packages=find_packages(
-        include=["hvd_torch", "hvd_torch.*", "ray_integration", "ray_integration.*"]),
+        include=["hvd_torch", "hvd_torch.*", "hvdrun", "hvdrun.*", "ray_integration",
+                 "ray_integration.*"]),
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

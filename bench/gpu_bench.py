@@ -146,7 +146,7 @@ def hvd_rank_is_zero():
 
 def part_staged(args):
     env = dict(os.environ, BENCH_PORT=str(_free_port()), HOROVOD_GPU_OPERATIONS="GLOO")
-    cmd = [sys.executable, "-m", "hvd_torch.runner", "-np", "2", sys.executable,
+    cmd = [sys.executable, "-m", "hvdrun", "-np", "2", sys.executable,
            os.path.abspath(__file__), "--staged-worker", "--iters", str(args.iters),
            "--reps", str(args.reps)]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200, check=False)

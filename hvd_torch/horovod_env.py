@@ -37,6 +37,7 @@ HONOURED = {
     "HOROVOD_SECRET_KEY": "rendezvous store secret",
     "HOROVOD_ELASTIC": "set to 1 by the elastic launcher; scripts may read it",
     "HOROVOD_GPU_OPERATIONS": "NCCL or GLOO (host-staged): how CUDA tensors move (hvd_torch/gpu.py)",
+    "HOROVOD_GLOO_IFACE": "network interface for the control plane and Gloo across hosts",
 }
 
 # Values that describe what hvd-torch always does: accepted (value -> reason);
@@ -65,11 +66,6 @@ ACCEPTED_VALUES = {
     "HOROVOD_BATCH_D2D_MEMCOPIES": ({"0", ""}, "fusion-buffer copies are one cudaMemcpyAsync each"),
 }
 
-# Implemented by work in progress elsewhere (multi-host and GPU paths): listed
-# as honoured once those land. The lead adjusts this group when merging.
-PENDING_OTHER_WORK = {
-    "HOROVOD_GLOO_IFACE": "network interface for Gloo (multi-host work)",
-}
 # Asks for something hvd-torch does not have: refused whenever set (and not
 # empty), with what to do instead.
 REFUSED = {
@@ -102,8 +98,6 @@ def _problems(environ):
                 continue
             out.append(f"{name}={value!r}: hvd-torch accepts only "
                        f"{sorted(v for v in allowed if v) or ['0']} here ({meaning})")
-        elif name in PENDING_OTHER_WORK:
-            out.append(f"{name}={value!r}: {PENDING_OTHER_WORK[name]}, not in this build")
         elif name in REFUSED:
             if value == "":
                 continue

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian bookworm machine for hvd-torch, idempotently:
-#   1. Debian's Gloo (libgloo-dev), which setup.py links against;
+#   1. Debian's Gloo (libgloo-dev), which setup.py links against, and iproute2 and
+#      openssh for the multi-host tests;
 #   2. a virtual environment in .venv with torch and the dev/test tools;
 #   3. an editable build of hvd_torch._C into that venv.
 # A second run takes a couple of seconds: each step checks before it acts, and
@@ -38,6 +39,16 @@ if [ -f /usr/include/gloo/allreduce.h ]; then
 else
     say "libgloo-dev: installing (apt-get)"
     apt_install libgloo-dev
+fi
+
+# 1b. What the multi-host tests run on (tests/netns_hosts.py): network namespaces
+# (iproute2) with an sshd in each (openssh-server), reached with ssh (openssh-client).
+# hvdrun itself needs only the client, on the launching machine.
+if command -v ip >/dev/null && command -v ssh >/dev/null && [ -x /usr/sbin/sshd ]; then
+    say "iproute2, openssh: present"
+else
+    say "iproute2, openssh-server, openssh-client: installing (apt-get)"
+    apt_install iproute2 openssh-server openssh-client
 fi
 
 # Two setups at once (make demo & make test in parallel) would build into the
@@ -98,8 +109,8 @@ elif [ -n "$(find csrc setup.py build_config.py -newer "$SO" -type f -print -qui
 # From / so that the import finds the installed package, not the checkout.
 elif ! (cd / && "$PY" -c "import hvd_torch") 2>/dev/null; then
     reason="hvd_torch not importable from the venv"
-elif [ ! -x "$VENV/bin/hvdrun" ]; then
-    reason="hvdrun not installed in the venv"
+elif [ ! -x "$VENV/bin/hvdrun" ] || ! grep -q "from hvdrun.launch" "$VENV/bin/hvdrun"; then
+    reason="hvdrun not installed in the venv (or an old one, before the hvdrun package)"
 fi
 
 if [ -z "$reason" ]; then

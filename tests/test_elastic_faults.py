@@ -35,7 +35,8 @@ class Job:
         if hosts is not None:
             self.set_hosts(hosts)
             args += ["--host-discovery-script", f"cat {self.hosts_file}"]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        # Host names other than localhost (badhost) are labels for this machine.
+        env = dict(os.environ, PYTHONPATH=str(ROOT), HVD_TORCH_ELASTIC_LOCAL="1")
         env.update({k: str(v) for k, v in job_env.items()})
         self.lines: list[tuple[float, str]] = []
         self._cond = threading.Condition()

@@ -42,7 +42,6 @@ REFUSE = {
     "HOROVOD_CYCLE_TIME": "5",
     "HOROVOD_CONTROLLER": "mpi",
     "HOROVOD_AUTOTUNE": "1",
-    "HOROVOD_GLOO_IFACE": "eth0",
 }
 ACCEPT = {
     "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",
@@ -60,14 +59,13 @@ ACCEPT = {
 def test_every_horovod_knob_is_classified():
     from hvd_torch import horovod_env
 
-    groups = [horovod_env.HONOURED, horovod_env.ACCEPTED_VALUES,
-              horovod_env.PENDING_OTHER_WORK, horovod_env.REFUSED]
+    groups = [horovod_env.HONOURED, horovod_env.ACCEPTED_VALUES, horovod_env.REFUSED]
     for name in HOROVOD_KNOBS:
         found = [g for g in groups if name in g]
         assert len(found) == 1, f"{name} is in {len(found)} groups of hvd_torch/horovod_env.py"
     # Every refused-when-set knob is refused on its own, with its name and value.
     for name in HOROVOD_KNOBS:
-        if name in horovod_env.REFUSED or name in horovod_env.PENDING_OTHER_WORK:
+        if name in horovod_env.REFUSED:
             with pytest.raises(ValueError, match=f"{name}='7'"):
                 horovod_env.check({name: "7"})
         elif name in horovod_env.HONOURED:

@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include "address.h"
+
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -143,12 +145,12 @@ std::string Engine::missingRanksMessage(const std::string& prefix, const char* w
 
 void Engine::connectCoordinator(const std::string& prefix) {
   const auto deadline = std::chrono::steady_clock::now() + config_.start_timeout;
-  // One host: loopback only. Several: listen everywhere, advertise our name.
-  const bool one_host = topology_.cross_size == 1;
+  // One host: loopback only. Several: the address peers reach us at (address.h).
+  const std::string address =
+      topology_.cross_size == 1 ? std::string("127.0.0.1") : localAddress(config_);
   int port = 0;
-  int listen_fd = listenTcp(one_host ? "127.0.0.1" : "0.0.0.0", &port);
-  store_->set(prefix + "control",
-              (one_host ? std::string("127.0.0.1") : config_.hostname) + ":" + std::to_string(port));
+  int listen_fd = listenTcp(address, &port);
+  store_->set(prefix + "control", address + ":" + std::to_string(port));
   workers_.resize(topology_.size);
   int connected = 0;
   while (connected < topology_.size - 1) {

@@ -63,6 +63,7 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.start_timeout = std::chrono::seconds(envInt("HOROVOD_START_TIMEOUT", 30));
   c.op_timeout = std::chrono::seconds(envInt("HOROVOD_GLOO_TIMEOUT_SECONDS", 30));
   c.hostname = envString("HOROVOD_HOSTNAME", "localhost");
+  c.iface = envString("HOROVOD_GLOO_IFACE", "");
   c.stall_check = envInt("HOROVOD_STALL_CHECK_DISABLE", 0) == 0;
   c.stall_warning = std::chrono::seconds(envInt("HOROVOD_STALL_CHECK_TIME_SECONDS", 60));
   c.stall_shutdown = std::chrono::seconds(envInt("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 900));

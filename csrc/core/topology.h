@@ -38,6 +38,7 @@ struct EngineConfig {
   std::chrono::milliseconds start_timeout{30000};  // HOROVOD_START_TIMEOUT (s)
   std::chrono::milliseconds op_timeout{30000};     // HOROVOD_GLOO_TIMEOUT_SECONDS
   std::string hostname;                      // HOROVOD_HOSTNAME
+  std::string iface;  // HOROVOD_GLOO_IFACE: the NIC for control and data (address.h)
   // How long a waiting thread polls (yielding) before it sleeps: the
   // background loop after each event, and a caller in synchronize().
   // Default 100 us while local ranks <= cores, else 0.

@@ -1,6 +1,18 @@
-"""Starting ranks: the rendezvous store (store.py), the per-rank environment
-(env.py) and the `hvdrun` launcher (launch.py).
+"""The launcher's old home: `hvd_torch.runner.<module>` is `hvdrun.<module>`.
 
-Standard library only, and nothing is imported here, so the launcher and the Ray
-driver can use these modules without loading torch or the compiled extension.
+The launcher lives in the top-level package `hvdrun` so that it starts without
+torch or the compiled extension (importing anything under `hvd_torch` runs
+hvd_torch/__init__.py, which loads both).  Code that runs next to torch anyway
+(the elastic worker side, the Ray driver, tests) may keep importing it from here:
+each name below is the very same module object, so monkeypatching one patches both.
 """
+
+import importlib
+import sys
+
+_MODULES = ("discovery", "elastic_driver", "elastic_keys", "elastic_launch", "env", "launch", "store")
+
+for _name in _MODULES:
+    sys.modules[f"{__name__}.{_name}"] = importlib.import_module(f"hvdrun.{_name}")
+    globals()[_name] = sys.modules[f"{__name__}.{_name}"]
+del _name

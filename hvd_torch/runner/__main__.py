@@ -1,7 +1,7 @@
-"""`python -m hvd_torch.runner -np 2 python train.py` is the same as `hvdrun ...`."""
+"""`python -m hvd_torch.runner ...` is `hvdrun ...` (and `python -m hvdrun ...`)."""
 
 import sys
 
-from .launch import main
+from hvdrun.launch import main
 
 sys.exit(main())

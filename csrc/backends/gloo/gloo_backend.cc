@@ -9,6 +9,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "../../core/address.h"
 #include "../../core/reduce.h"
 #include "gloo_store.h"
 
@@ -33,8 +34,9 @@ void withWidth(DataType dtype, Fn fn) {
 GlooBackend::GlooBackend(const Topology& topology, const EngineConfig& config, StoreClient& store,
                          const std::string& prefix) {
   gloo::transport::tcp::attr attr;
-  // One host: loopback only, nothing listens on the network.
-  attr.hostname = topology.cross_size == 1 ? "127.0.0.1" : config.hostname;
+  // One host: loopback only, nothing listens on the network. Several: the
+  // address peers reach us at (core/address.h).
+  attr.hostname = topology.cross_size == 1 ? "127.0.0.1" : localAddress(config);
   auto device = gloo::transport::tcp::CreateDevice(attr);
   context_ = std::make_shared<gloo::rendezvous::Context>(topology.rank, topology.size);
   context_->setTimeout(config.op_timeout);

@@ -12,7 +12,15 @@ from collections.abc import Mapping
 
 from .store import secret_to_hex
 
-__all__ = ["horovod_env", "rank_env"]
+__all__ = ["forwarded_env", "horovod_env", "rank_env"]
+
+# What travels to a rank on another host besides the variables hvdrun sets: the
+# engine's knobs, and what makes `python train.py` mean there what it means here
+# (the same interpreter on PATH, the same PYTHONPATH).  -x NAME adds more.
+FORWARDED_PREFIXES = ("HOROVOD_", "HVD_TORCH_", "NCCL_", "GLOO_")
+FORWARDED_NAMES = (
+    "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+)  # fmt: skip
 
 
 def horovod_env(
@@ -79,4 +87,20 @@ def rank_env(
     kwargs are horovod_env's keyword arguments."""
     env = dict(os.environ if base is None else base)
     env.update(horovod_env(rank, size, store_host, store_port, secret, **kwargs))
+    return env
+
+
+def forwarded_env(environ: Mapping[str, str], extra: Mapping[str, str | None] = ()) -> dict[str, str]:
+    """The part of environ a remote rank gets (FORWARDED_*), plus extra: -x NAME
+    (value None: this machine's value, if set) or -x NAME=VALUE."""
+    env = {
+        k: v
+        for k, v in environ.items()
+        if k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)
+    }
+    for name, value in dict(extra).items():
+        if value is not None:
+            env[name] = value
+        elif name in environ:
+            env[name] = environ[name]
     return env

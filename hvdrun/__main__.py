@@ -1,0 +1,7 @@
+"""`python -m hvd_torch.runner -np 2 python train.py` is the same as `hvdrun ...`."""
+
+import sys
+
+from .launch import main
+
+sys.exit(main())

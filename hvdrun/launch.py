@@ -1,0 +1,242 @@
+"""hvdrun: start the ranks of a job, horovodrun-style (gloo mode).
+
+    hvdrun -np 4 python train.py                                   this machine
+    hvdrun -np 4 -H server1:2,server2:2 python train.py            over ssh (static_launch.py)
+    hvdrun --nnodes 2 --node-rank 0 --nproc-per-node 2 \\
+           --rdzv-endpoint server1:29400 python train.py            one per node (node_launch.py)
+    hvdrun --min-np 2 --host-discovery-script ./hosts.sh python train.py   elastic (elastic_launch.py)
+
+This module parses the command line and hands the job to the launcher of its mode.
+Standard library only (the package does not import torch): hvdrun starts on a machine
+without torch, and in a second instead of the several torch's import takes.
+
+horovodrun flags we do not implement are refused, never ignored: a silently ignored
+--fusion-threshold-mb would run a different job from the one the user asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from .args import UsageError, positive_float, positive_int
+from .elastic_launch import parse_elastic_options, run_elastic
+from .hosts import parse_host_list, parse_hostfile, place_ranks
+from .node_launch import parse_node_options, run_node
+from .output import PROG
+from .ssh import SshSettings
+from .static_launch import StaticJob, run_static
+
+__all__ = ["Options", "UsageError", "main", "parse_args"]
+
+USAGE = f"""\
+usage: {PROG} -np N [-H HOSTS | --hostfile F] [options] command [args...]
+       {PROG} --nnodes N --node-rank R --nproc-per-node P --rdzv-endpoint HOST:PORT command ...
+       {PROG} [-np N] --min-np N [--max-np N] [--host-discovery-script S | -H HOSTS] command ...
+
+  -np, --num-proc N       number of ranks
+  -H, --hosts HOSTS       host:slots list, e.g. server1:2,server2:2 (default localhost:N);
+                          ranks fill hosts in order; other hosts are reached over ssh
+  --hostfile F            hosts from a file, one `host slots=N` line each
+  -p, --ssh-port PORT     ssh port of the remote hosts
+  -i, --ssh-identity-file F  ssh private key for the remote hosts
+  --network-interface IF  the NIC for the store, the control plane and Gloo
+                          (also HOROVOD_GLOO_IFACE; the same name on every host)
+  -x NAME[=VALUE]         also forward NAME (or set it) for remote ranks; repeatable
+  --gloo                  accepted for horovodrun compatibility (always gloo)
+  --verbose               print the store address and each rank's command
+  --start-timeout S       seconds ranks may take to rendezvous, and the bound on the
+                          ssh reachability check (HOROVOD_START_TIMEOUT; default 30)
+  -h, --help              show this help
+
+per-node mode (a scheduler starts one hvdrun per node; docs/multihost.md):
+  --nnodes N              number of nodes (default: SLURM_JOB_NUM_NODES under srun)
+  --node-rank R           this node's index, 0..N-1 (default: SLURM_NODEID)
+  --nproc-per-node P      ranks on each node (default 1)
+  --rdzv-endpoint H:PORT  where node 0 serves the store (default under srun: the first
+                          node of SLURM_JOB_NODELIST, port 29400 + SLURM_JOB_ID % 1000)
+  --rdzv-secret-file F    file holding the job's secret (hex); else HVD_TORCH_SECRET
+
+elastic mode (any of --min-np, --max-np, --host-discovery-script; docs/elastic.md):
+  --min-np N              fewest workers to train with (default: -np)
+  --max-np N              most workers to train with (default: every slot)
+  --host-discovery-script S  command printing one host[:slots] line per available
+                          host, run every second (default: the -H list, or
+                          localhost with -np slots); hosts other than this machine
+                          get their workers over ssh
+  --slots-per-host N      slots of a discovered host printed without :slots
+  --reset-limit N         end the job when a (N+1)-th reset would be needed
+  --elastic-timeout S     longest wait for --min-np slots or for workers to join
+                          a round (default 600)
+"""
+
+# horovodrun flags that we know and do not implement yet.
+_UNSUPPORTED = {
+    "--mpi", "--jsm", "--mpi-args", "--blacklist-cooldown-range", "--tcp",
+    "--timeline-filename", "--timeline-mark-cycles", "--output-filename",
+    "--log-level", "--log-with-timestamp", "--log-without-timestamp",
+    "--log-hide-timestamp", "--prefix-output-with-timestamp", "--config-file",
+    "--disable-cache", "--fusion-threshold-mb", "--cycle-time-ms",
+    "--cache-capacity", "--hierarchical-allreduce", "--no-hierarchical-allreduce",
+    "--hierarchical-allgather", "--no-hierarchical-allgather", "--autotune",
+    "--autotune-log-file", "--autotune-warmup-samples",
+    "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples",
+    "--autotune-gaussian-process-noise", "--no-stall-check",
+    "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
+    "--mpi-threads-disable", "--num-nccl-streams", "--thread-affinity",
+    "--gloo-timeout-seconds", "--nics", "--binding-args", "--check-build", "-cb",
+    "--version", "-v",
+}  # fmt: skip
+
+# Supported options taking a value, by Options.values key.
+_VALUED = {
+    "-np": "num_proc",
+    "--num-proc": "num_proc",
+    "-H": "hosts",
+    "--hosts": "hosts",
+    "-hostfile": "hostfile",
+    "--hostfile": "hostfile",
+    "-p": "ssh_port",
+    "--ssh-port": "ssh_port",
+    "-i": "ssh_identity_file",
+    "--ssh-identity-file": "ssh_identity_file",
+    "--network-interface": "iface",
+    "--network-interfaces": "iface",
+    "--start-timeout": "start_timeout",
+    # per-node mode (node_launch.py)
+    "--nnodes": "nnodes",
+    "--node-rank": "node_rank",
+    "--nproc-per-node": "nproc_per_node",
+    "--rdzv-endpoint": "rdzv_endpoint",
+    "--rdzv-secret-file": "rdzv_secret_file",
+    # elastic mode (elastic_launch.py)
+    "--min-np": "min_np",
+    "--min-num-proc": "min_np",
+    "--max-np": "max_np",
+    "--max-num-proc": "max_np",
+    "--host-discovery-script": "discovery_script",
+    "--slots-per-host": "slots_per_host",
+    "--slots": "slots_per_host",
+    "--reset-limit": "reset_limit",
+    "--elastic-timeout": "elastic_timeout",
+}
+_REPEATED = {"-x": "env", "--env": "env"}
+_FLAGS = {"--gloo", "--verbose"}  # --gloo: we always are
+
+
+@dataclasses.dataclass
+class Options:
+    num_proc: int | None  # None in elastic and per-node mode
+    command: list[str]
+    verbose: bool = False
+    start_timeout: float | None = None
+    elastic: object | None = None  # elastic_launch.ElasticOptions in elastic mode
+    node: object | None = None  # node_launch.NodeOptions in per-node mode
+    static: StaticJob | None = None  # the job in static mode
+    ssh: SshSettings = dataclasses.field(default_factory=SshSettings)
+    iface: str | None = None
+    extra_env: dict[str, str | None] = dataclasses.field(default_factory=dict)
+
+
+def parse_args(argv: list[str], environ=None) -> Options | None:
+    """Options, or None when help was asked for.  Raises UsageError."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, str] = {}
+    repeated: dict[str, list[str]] = {}
+    flags: set[str] = set()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break  # the command starts here; everything after belongs to it
+        name, eq, inline = arg.partition("=")
+        if name in ("-h", "--help"):
+            return None
+        if name in _UNSUPPORTED:
+            raise UsageError(f"{name} is not supported yet by {PROG}")
+        if name in _VALUED or name in _REPEATED:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError(f"{name} needs a value")
+                i += 1
+                inline = argv[i]
+            if name in _VALUED:
+                values[_VALUED[name]] = inline
+            else:
+                repeated.setdefault(_REPEATED[name], []).append(inline)
+        elif name in _FLAGS:
+            if eq:
+                raise UsageError(f"{name} takes no value")
+            flags.add(name)
+        else:
+            raise UsageError(f"unknown option {name} (not a horovodrun flag {PROG} supports)")
+        i += 1
+    command = argv[i:]
+    opts = Options(num_proc=None, command=command, verbose="--verbose" in flags)
+    if "num_proc" in values:
+        opts.num_proc = positive_int("-np/--num-proc", values["num_proc"])
+    if "start_timeout" in values:
+        opts.start_timeout = positive_float("--start-timeout", values["start_timeout"])
+    opts.ssh = SshSettings(
+        port=positive_int("--ssh-port", values["ssh_port"]) if "ssh_port" in values else None,
+        identity_file=values.get("ssh_identity_file"),
+        connect_timeout=min(10.0, opts.start_timeout or 10.0),
+    )
+    opts.iface = _interface(values.get("iface") or environ.get("HOROVOD_GLOO_IFACE") or None)
+    for item in repeated.get("env", []):
+        key, eq, value = item.partition("=")
+        if not key:
+            raise UsageError(f"-x needs NAME or NAME=VALUE, got {item!r}")
+        opts.extra_env[key] = value if eq else None
+    if "hosts" in values and "hostfile" in values:
+        raise UsageError("give either -H/--hosts or --hostfile, not both")
+    if "hostfile" in values:
+        values["hosts"] = ",".join(f"{h}:{s}" for h, s in parse_hostfile(values["hostfile"]))
+
+    opts.node = parse_node_options(values, opts.num_proc, environ)
+    opts.elastic = parse_elastic_options(values, opts.num_proc)
+    if opts.node is not None and opts.elastic is not None:
+        raise UsageError("per-node flags (--nnodes, ...) and elastic flags cannot be mixed")
+    if opts.num_proc is None and opts.elastic is None and opts.node is None:
+        raise UsageError("-np/--num-proc is required")
+    if not command:
+        raise UsageError("no command given to run")
+    if opts.elastic is None and opts.node is None:
+        hosts = parse_host_list(values.get("hosts") or f"localhost:{opts.num_proc}")
+        opts.static = StaticJob(
+            placements=place_ranks(hosts, opts.num_proc), command=command,
+            verbose=opts.verbose, start_timeout=opts.start_timeout, ssh=opts.ssh,
+            iface=opts.iface, extra_env=opts.extra_env,
+        )  # fmt: skip
+    return opts
+
+
+def _interface(text: str | None) -> str | None:
+    if text is None:
+        return None
+    if "," in text:
+        raise UsageError(
+            f"--network-interface {text}: give one interface (the same name on every host)"
+        )
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        opts = parse_args(argv)
+    except UsageError as e:
+        sys.stderr.write(f"{USAGE.splitlines()[0]}\n{PROG}: error: {e}\n")
+        return 2
+    if opts is None:
+        sys.stdout.write(USAGE)
+        return 0
+    if opts.elastic is not None:
+        return run_elastic(opts)
+    if opts.node is not None:
+        return run_node(opts)
+    return run_static(opts.static)

@@ -1,0 +1,242 @@
+"""Per-node launch: a scheduler (Slurm, Kubernetes, a shell loop) starts one hvdrun on
+each node, and the nodes rendezvous with each other (torchrun's flags):
+
+    hvdrun --nnodes 2 --node-rank 0 --nproc-per-node 2 --rdzv-endpoint node0:29400 python train.py
+    hvdrun --nnodes 2 --node-rank 1 --nproc-per-node 2 --rdzv-endpoint node0:29400 python train.py
+
+Node 0 serves the job's store on the endpoint's port; every node connects to it,
+checks in, starts its nproc-per-node ranks (ranks node_rank * P .. node_rank * P +
+P - 1) and supervises them.  The job's secret cannot be made up by one node, since
+the others must know it before they can talk to node 0: it comes from
+HVD_TORCH_SECRET (hex) or --rdzv-secret-file, which the job script creates once
+and hands to every node (docs/multihost.md).  Under srun, the SLURM_* variables
+give --nnodes, --node-rank and --rdzv-endpoint (slurm.py).
+
+Store keys (prefix hvdrun/):
+  nodes/<r>       "<nproc> <hostname>"   node r checked in
+  failed/<r>      "<order> why"          a rank of node r failed; every node stops its
+                                         ranks (order: how likely it is the cause)
+  done/<r>        exit code              node r's ranks are over; node 0 keeps the
+                                         store up until every node has said so
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import socket
+import threading
+import time
+
+from .args import UsageError, non_negative_int, positive_int
+from .env import rank_env
+from .output import note
+from .processes import Processes
+from .slurm import node_defaults
+from .store import KVStoreClient, KVStoreServer, StoreError, secret_from_hex
+from .supervise import RankInfo, supervise
+
+__all__ = ["NodeOptions", "parse_node_options", "run_node"]
+
+SECRET_ENV = "HVD_TORCH_SECRET"
+_NODE_KEYS = ("nnodes", "node_rank", "nproc_per_node", "rdzv_endpoint", "rdzv_secret_file")
+_DONE_WAIT = 60.0  # how long node 0 keeps the store up for nodes still finishing
+_CAUSE_WAIT = 1.0  # how long a failed node waits to hear of failures elsewhere
+_FAILED = "hvdrun/failed/"
+
+
+@dataclasses.dataclass
+class NodeOptions:
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    host: str  # the rendezvous endpoint
+    port: int
+    secret: bytes
+
+
+def parse_node_options(values: dict[str, str], num_proc, environ) -> NodeOptions | None:
+    """NodeOptions when the command line (or srun, when -np/-H are not given) asks for
+    per-node mode, else None.  Raises UsageError."""
+    given = {k: values[k] for k in _NODE_KEYS if k in values}
+    other_mode = {"hosts", "min_np", "max_np", "discovery_script"} & values.keys()
+    if not given and (num_proc is not None or other_mode):
+        return None  # under srun, but the user asked for a static or elastic job
+    merged = dict(node_defaults(environ))
+    merged.update(given)
+    if not given and not merged:
+        return None
+    if num_proc is not None or "hosts" in values:
+        raise UsageError("per-node mode (--nnodes, ...) takes no -np/-H: use --nproc-per-node")
+    for key, flag in (("nnodes", "--nnodes"), ("node_rank", "--node-rank"),
+                      ("rdzv_endpoint", "--rdzv-endpoint")):  # fmt: skip
+        if key not in merged:
+            raise UsageError(f"per-node mode needs {flag} (or run it under srun)")
+    nnodes = positive_int("--nnodes", merged["nnodes"])
+    node_rank = non_negative_int("--node-rank", merged["node_rank"])
+    if node_rank >= nnodes:
+        raise UsageError(f"--node-rank {node_rank} is outside [0, --nnodes {nnodes})")
+    nproc = positive_int("--nproc-per-node", merged.get("nproc_per_node", "1"))
+    host, colon, port = merged["rdzv_endpoint"].rpartition(":")
+    if not colon or not host:
+        raise UsageError(f"--rdzv-endpoint must be HOST:PORT, got {merged['rdzv_endpoint']!r}")
+    return NodeOptions(
+        nnodes, node_rank, nproc, host, positive_int("--rdzv-endpoint port", port),
+        _secret(merged.get("rdzv_secret_file"), environ),
+    )  # fmt: skip
+
+
+def _secret(path: str | None, environ) -> bytes:
+    if path is not None:
+        try:
+            with open(path, encoding="ascii") as f:
+                text, where = f.read().strip(), f"--rdzv-secret-file {path}"
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--rdzv-secret-file {path}: {e}") from None
+    elif environ.get(SECRET_ENV):
+        text, where = environ[SECRET_ENV].strip(), SECRET_ENV
+    else:
+        raise UsageError(
+            f"per-node mode needs the job's secret, the same on every node: set {SECRET_ENV} "
+            "(e.g. export HVD_TORCH_SECRET=$(openssl rand -hex 32) before srun) or pass "
+            "--rdzv-secret-file (docs/multihost.md)"
+        )
+    try:
+        secret = secret_from_hex(text)
+    except ValueError:
+        raise UsageError(f"{where}: the secret must be hex digits") from None
+    if len(secret) < 16:
+        raise UsageError(f"{where}: the secret must be at least 16 bytes (32 hex digits)")
+    return secret
+
+
+def _report_cause(client: KVStoreClient, node_rank: int, order: int, failure: str) -> None:
+    """Posts this node's failure; after a moment, names the likeliest cause among every
+    node's failures (see supervise._cause_order) if it was elsewhere.  A rank's death
+    fails the ranks of every node within milliseconds, so each node sees failures."""
+    client.set(f"{_FAILED}{node_rank}", f"{order} {failure}")
+    time.sleep(_CAUSE_WAIT)
+    posted = []
+    for key in client.list_keys(_FAILED):
+        their_order, _, message = client.get(key).decode().partition(" ")
+        posted.append((int(their_order), int(key[len(_FAILED):]), message))
+    best = min(posted)
+    if best[1] != node_rank and best[0] < order:
+        note(f"node {node_rank}: the failure started on node {best[1]}: {best[2]}")
+
+
+def run_node(opts) -> int:
+    """Runs launch.Options `opts` (opts.node set) on this node; the exit code."""
+    n: NodeOptions = opts.node
+    received: list[int] = []
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handlers[signum] = signal.signal(signum, lambda s, _f: received.append(s))
+    procs = Processes()
+    server = None
+    try:
+        if n.node_rank == 0:
+            try:
+                server = _serve(n)
+            except StoreError as e:
+                note(f"node 0 ({socket.gethostname()}): {e}")
+                return 1
+            if opts.verbose:
+                note(f"node 0: store listening on {server.address}")
+        timeout = opts.start_timeout or 30.0
+        try:
+            client = KVStoreClient(n.host, n.port, n.secret, connect_timeout=timeout)
+        except StoreError as e:
+            note(f"node {n.node_rank} ({socket.gethostname()}): cannot join the job: {e}")
+            return 1
+        with client:
+            return _run(opts, n, client, procs, received, timeout)
+    finally:
+        if any(p.poll() is None for p in procs.procs):
+            procs.stop()
+        if server is not None:
+            server.stop()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def _serve(n: NodeOptions) -> KVStoreServer:
+    """Node 0's store on the endpoint's port: on the endpoint's address when it is one
+    of ours, else on every address (a Kubernetes service name may resolve elsewhere)."""
+    try:
+        address = socket.gethostbyname(n.host)
+    except OSError:
+        address = "0.0.0.0"
+    try:
+        return KVStoreServer(address, n.port, n.secret).start()
+    except StoreError:
+        if address == "0.0.0.0":
+            raise
+        return KVStoreServer("0.0.0.0", n.port, n.secret).start()
+
+
+def _run(opts, n: NodeOptions, client: KVStoreClient, procs, received, timeout: float) -> int:
+    hostname = socket.gethostname()
+    client.set(f"hvdrun/nodes/{n.node_rank}", f"{n.nproc_per_node} {hostname}")
+    keys = [f"hvdrun/nodes/{r}" for r in range(n.nnodes)]
+    missing = client.wait(keys, timeout=timeout)
+    if missing:
+        nodes = ", ".join(k.rsplit("/", 1)[1] for k in missing)
+        note(
+            f"node {n.node_rank} ({hostname}): node(s) {nodes} did not check in at "
+            f"{n.host}:{n.port} within {timeout:g}s (--start-timeout)"
+        )
+        return 1
+    for r in range(n.nnodes):
+        nproc, _, host = client.get(f"hvdrun/nodes/{r}").decode().partition(" ")
+        if int(nproc) != n.nproc_per_node:
+            note(
+                f"node {r} ({host}) runs --nproc-per-node {nproc} but node {n.node_rank} "
+                f"({hostname}) runs {n.nproc_per_node}: every node must run the same number"
+            )
+            return 1
+    size = n.nnodes * n.nproc_per_node
+    infos = []
+    for local_rank in range(n.nproc_per_node):
+        rank = n.node_rank * n.nproc_per_node + local_rank
+        env = rank_env(
+            rank, size, n.host, n.port, n.secret, local_rank=local_rank,
+            local_size=n.nproc_per_node, cross_rank=n.node_rank, cross_size=n.nnodes,
+            hostname=hostname, start_timeout=opts.start_timeout,
+        )  # fmt: skip
+        if opts.iface:
+            env["HOROVOD_GLOO_IFACE"] = opts.iface
+        infos.append(RankInfo(rank, hostname, remote=False))
+        try:
+            procs.start(rank, opts.command, env)
+        except OSError as e:
+            note(f"cannot start rank {rank} on host {hostname}: {opts.command[0]}: {e.strerror}")
+            client.set(f"{_FAILED}{n.node_rank}", f"1 rank {rank} on host {hostname} could not start")
+            return 127
+
+    def other_node_failed() -> str | None:
+        try:
+            failed = client.list_keys(_FAILED)
+            if failed:
+                return "another node failed: " + client.get(failed[0]).decode().partition(" ")[2]
+        except StoreError as e:
+            return f"lost the job's store at {n.host}:{n.port} (node 0 gone?): {e}"
+        return None
+
+    code, failure, order = supervise(procs, infos, received, other_node_failed)
+    procs.drain()
+    try:
+        if order is not None:
+            _report_cause(client, n.node_rank, order, f"{failure} (node {n.node_rank}, {hostname})")
+        client.set(f"hvdrun/done/{n.node_rank}", str(code))
+        if n.node_rank == 0:
+            done = [f"hvdrun/done/{r}" for r in range(n.nnodes)]
+            late = client.wait(done, timeout=_DONE_WAIT)
+            if late and code == 0:
+                nodes = ", ".join(k.rsplit("/", 1)[1] for k in late)
+                note(f"node(s) {nodes} did not finish within {_DONE_WAIT:g}s of node 0")
+                return 1
+    except StoreError:
+        pass  # node 0 is gone; our own ranks' outcome is the answer
+    return code

@@ -1,0 +1,119 @@
+"""Starting a rank on another host over ssh, and checking hosts are reachable first.
+
+A remote rank is `ssh host sh -c <wrapper>` (see remote_script()).  The wrapper
+cds to the launcher's working directory (hosts are expected to share the file
+system, or at least its layout, as with horovodrun), exports the rank's variables,
+and runs the command in its own process group.  The job's secret is the first line
+the wrapper reads from stdin, so it never appears on a command line.  It also watches its stdin, the ssh
+channel: when hvdrun closes that pipe, or hvdrun or the connection dies, the read
+sees EOF and the wrapper kills the whole group (TERM, then KILL), so no rank is left
+behind on a remote host.  Without a terminal (-T) ssh sends no SIGHUP, which is why
+the wrapper has to watch for itself.
+
+Exit codes: the rank's own code comes back through ssh; 255 is ssh's own failure
+(connection refused or lost), which launchers report as such.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import shlex
+import subprocess
+import time
+
+__all__ = ["SSH_FAILED", "SshSettings", "check_reachable", "remote_command"]
+
+SSH_FAILED = 255  # ssh's exit code for its own errors
+SECRET_VAR = "HOROVOD_SECRET_KEY"
+_STOP_GRACE = 3  # seconds the wrapper waits between TERM and KILL
+
+
+@dataclasses.dataclass(frozen=True)
+class SshSettings:
+    port: int | None = None  # --ssh-port
+    identity_file: str | None = None  # --ssh-identity-file
+    connect_timeout: float = 10.0  # per connection attempt
+
+    def base_command(self, host: str) -> list[str]:
+        cmd = [
+            "ssh", "-T",
+            "-o", "BatchMode=yes",  # never prompt: a password prompt would hang the job
+            "-o", f"ConnectTimeout={max(1, int(self.connect_timeout))}",
+            # A host that stops answering fails its ranks within about 3 x 2 s.
+            "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
+            "-o", "LogLevel=ERROR",
+        ]  # fmt: skip
+        if os.environ.get("HVD_TORCH_SSH_STRICT", "") != "1":
+            # horovodrun's default: cluster nodes come and go, their keys with them.
+            cmd += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+        if self.port is not None:
+            cmd += ["-p", str(self.port)]
+        if self.identity_file is not None:
+            cmd += ["-i", self.identity_file]
+        return cmd + [host]
+
+
+def remote_script(command: list[str], env: dict[str, str], cwd: str) -> str:
+    """The shell program a remote rank runs (see the module docstring).  Its first
+    stdin line is the job's secret (SECRET_VAR), kept off every command line."""
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    return (
+        f"IFS= read -r {SECRET_VAR} || exit 125\n"
+        f"export {SECRET_VAR}\n"
+        f"cd {shlex.quote(cwd)} || exit 127\n"
+        f"{exports}"
+        "exec 3<&0\n"  # an asynchronous list's own stdin is /dev/null; keep the channel
+        f"setsid {shlex.join(command)} </dev/null 3<&- &\n"
+        "pid=$!\n"
+        "( while read -r _ <&3; do :; done\n"
+        "  kill -TERM -$pid 2>/dev/null; n=0\n"
+        f"  while kill -0 -$pid 2>/dev/null && [ $n -lt {_STOP_GRACE * 10} ]; do\n"
+        "    sleep 0.1; n=$((n + 1)); done\n"
+        "  kill -KILL -$pid 2>/dev/null ) &\n"
+        "watcher=$!\n"
+        "exec 3<&-\n"
+        "wait $pid\n"
+        "code=$?\n"
+        "kill $watcher 2>/dev/null\n"
+        "exit $code\n"
+    )
+
+
+def remote_command(
+    host: str, command: list[str], env: dict[str, str], cwd: str, settings: SshSettings
+) -> tuple[list[str], bytes]:
+    """(argv of the local ssh client that runs command on host, what to write to its
+    stdin first).  env's SECRET_VAR travels on stdin: a command line is visible to
+    every user of both machines (ps), a pipe is not."""
+    env = dict(env)
+    secret = env.pop(SECRET_VAR, "")
+    script = remote_script(command, env, cwd)
+    return settings.base_command(host) + ["sh -c " + shlex.quote(script)], f"{secret}\n".encode()
+
+
+def check_reachable(hosts: list[str], settings: SshSettings, timeout: float) -> dict[str, str]:
+    """{host: why} for every host where `ssh host true` fails; all hosts are tried in
+    parallel and the whole check takes at most about timeout seconds."""
+    if not hosts:
+        return {}
+    failures: dict[str, str] = {}
+
+    def probe(host: str) -> None:
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(
+                settings.base_command(host) + ["true"],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            failures[host] = f"no answer within {timeout:g}s"
+            return
+        if proc.returncode != 0:
+            why = proc.stderr.strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+            failures[host] = f"{why[0]} (after {time.monotonic() - started:.1f}s)"
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        list(pool.map(probe, hosts))
+    return failures
