@@ -106,7 +106,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
             if t is None or t.shape != spec.shape or t.dtype != spec.dtype:
                 # Never leave the root waiting: receive into scratch, fail after.
                 targets[path] = torch.empty(spec.shape, dtype=spec.dtype)
-                error = error or RuntimeError(
+                error = error or ValueError(
                     f"broadcast_optimizer_state: after load_state_dict, '{path}' on rank {rank()} "
                     f"is {None if t is None else (list(t.shape), t.dtype)}, not "
                     f"{(list(spec.shape), spec.dtype)}")

@@ -20,6 +20,7 @@ _EXPORTS = {
     "RaySettings": ".settings",
     "WorkerFailure": ".worker_group",
     "report": ".worker",
+    "report_checkpoint": ".tune",
 }
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "RaySettings",
     "WorkerFailure",
     "report",
+    "report_checkpoint",
 ]
 
 

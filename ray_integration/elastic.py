@@ -32,6 +32,7 @@ from hvd_torch.runner.elastic_driver import ElasticDriver
 from hvd_torch.runner.store import KVStoreClient, KVStoreServer, StoreError, secret_to_hex
 
 from .elastic_launcher import RayLauncher
+from .executor import refuse_cooldown_range, refuse_ray_client
 from .node_discovery import NodeDiscovery
 from .settings import ElasticRaySettings, RaySettings
 
@@ -71,10 +72,13 @@ class ElasticRayExecutor:
         ssh_identity_file: str | None = None,
         nics: set | None = None,
         verbose: int = 1,
+        cooldown_range: tuple | None = None,
     ) -> ElasticRaySettings:
         """Settings for ElasticRayExecutor (see ElasticRaySettings).
         ssh_identity_file is accepted and unused, nics refused, as in
-        RayExecutor.create_settings."""
+        RayExecutor.create_settings; cooldown_range refused (see
+        refuse_cooldown_range)."""
+        refuse_cooldown_range(cooldown_range)
         if nics:
             raise ValueError(
                 "create_settings(nics=...) is not supported: hvd-torch workers on Ray use "
@@ -116,6 +120,7 @@ class ElasticRayExecutor:
         NodeDiscovery(self.cpus_per_slot, self.gpus_per_slot)
         self._env = {k: str(v) for k, v in (env_vars or {}).items()}
         self._started = False
+        self._executable = (None, (), {})
         self._launcher: RayLauncher | None = None
         self._driver: ElasticDriver | None = None
 
@@ -161,13 +166,44 @@ class ElasticRayExecutor:
 
     # -- lifecycle
 
-    def start(self, extra_env_vars: dict | None = None) -> None:
+    def start(
+        self,
+        executable_cls: type | None = None,
+        executable_args: Sequence | None = None,
+        executable_kwargs: dict | None = None,
+        extra_env_vars: dict | None = None,
+    ) -> None:
         """Connects to Ray (ray.init() if needed, as RayExecutor.start()).
-        Workers start in run(), as the cluster's nodes allow."""
+        Workers start in run()/execute(), as the cluster's nodes allow; with
+        executable_cls, each worker of each round builds
+        executable_cls(*executable_args, **executable_kwargs) for execute()
+        (Horovod's elastic adapter: workers come and go, so the executable is
+        built where the worker runs, not kept from start())."""
         if not ray.is_initialized():
             ray.init()
+        refuse_ray_client("ElasticRayExecutor.start()")
         self._env.update({k: str(v) for k, v in (extra_env_vars or {}).items()})
+        self._executable = (executable_cls, tuple(executable_args or ()),
+                            dict(executable_kwargs or {}))
         self._started = True
+
+    def execute(self, fn: Callable, callbacks: Sequence[Callable] | None = None) -> list:
+        """fn(executable) on every elastic worker until training ends, the
+        executable built on the worker from start()'s executable_cls (None
+        without one); results as run()'s."""
+        return self.run(_execute_on_worker, args=(fn, *self._executable), callbacks=callbacks)
+
+    def run_remote(self, fn: Callable, args: Sequence | None = None,
+                   kwargs: dict | None = None) -> list:
+        """Not in elastic mode, as in Horovod: elastic workers are ephemeral."""
+        raise NotImplementedError(
+            "ObjectRefs cannot be returned from elastic runs as the workers are ephemeral; "
+            "use run() or execute()")
+
+    def execute_single(self, fn: Callable):
+        """Not in elastic mode, as in Horovod: there is no fixed rank 0 to run it on."""
+        raise NotImplementedError(
+            "elastic mode does not support execute_single(); use execute() instead")
 
     def shutdown(self) -> None:
         """Stops the workers of a job still in flight; safe to call twice."""
@@ -289,6 +325,11 @@ class ElasticRayExecutor:
     def _log(self, line: str) -> None:
         if self.settings.verbose:
             print(f"[ray_integration] {line}", file=sys.stderr, flush=True)
+
+
+def _execute_on_worker(fn, executable_cls, args, kwargs):
+    """execute()'s worker function: the executable is built where the worker runs."""
+    return fn(executable_cls(*args, **kwargs) if executable_cls is not None else None)
 
 
 def _stop_reason(client) -> str:

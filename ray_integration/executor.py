@@ -57,9 +57,16 @@ class RayExecutor:
         min_workers: int | None = None,
         max_workers: int | None = None,
         reset_limit: int | None = None,
+        cooldown_range: tuple | None = None,
         elastic_timeout: float | None = None,
+        override_discovery: bool = True,
         **kwargs,
     ):
+        refuse_cooldown_range(cooldown_range)
+        if not override_discovery:
+            raise ValueError(
+                "override_discovery=False is not supported: an elastic Ray job discovers its "
+                "slots from the cluster's nodes (there is no discovery script to give)")
         if min_workers is None and max_workers is None:
             if reset_limit is not None or elastic_timeout is not None:
                 raise ValueError(
@@ -122,7 +129,9 @@ class RayExecutor:
         min_workers: None = None,  # always None here: see __new__
         max_workers: None = None,
         reset_limit: None = None,
+        cooldown_range: None = None,
         elastic_timeout: None = None,
+        override_discovery: bool = True,
     ):
         self.settings = settings if settings is not None else RaySettings()
         cpus = cpus_per_slot if cpus_per_slot is not None else cpus_per_worker
@@ -172,6 +181,7 @@ class RayExecutor:
             raise RuntimeError("RayExecutor.start(): already started; shutdown() first")
         if not ray.is_initialized():
             ray.init()  # Horovod's behaviour: a local Ray, or RAY_ADDRESS's cluster
+        refuse_ray_client("RayExecutor.start()")
         settings = self.settings
         try:
             self._reservation = placement.reserve(
@@ -335,6 +345,35 @@ class RayExecutor:
                     f"{p.slot.cross_rank}) on {p.describe()}{gpus}",
                     file=sys.stderr,
                 )
+
+
+def refuse_cooldown_range(cooldown_range) -> None:
+    """Horovod's cooldown_range (seconds a failing host stays blacklisted,
+    growing between the bounds): the elastic driver here blacklists a host
+    after 3 failures for good, so a range would be ignored. Refused instead."""
+    if cooldown_range is not None:
+        raise ValueError(
+            f"cooldown_range={cooldown_range!r} is not supported: a host that fails 3 times is "
+            "blacklisted for the rest of the job (no cooldown); leave cooldown_range=None")
+
+
+def refuse_ray_client(what: str) -> None:
+    """Ray Client (ray.init("ray://...")): the driver runs outside the cluster,
+    but the job's rendezvous store lives in the driver process and every worker
+    must reach it. Refused with a clear message rather than a rendezvous that
+    times out."""
+    try:
+        from ray.util.client import ray as client_ray
+
+        connected = client_ray.is_connected()
+    except ImportError:  # a Ray without the client
+        connected = False
+    if connected:
+        raise RuntimeError(
+            f"{what}: Ray Client (ray://) connections are not supported: the job's rendezvous "
+            "store runs in this driver process, which the cluster's workers must reach. Run "
+            "the driver on the cluster instead (ray job submit, or a script on the head node; "
+            "docs/ray.md, 'Clusters')")
 
 
 def _elastic_resources(

@@ -53,6 +53,17 @@ class WorkerFailure(RuntimeError):
         self.remote_traceback = remote_traceback
         self.failed_ranks = failed_ranks
 
+    def __reduce__(self):
+        # Keyword-only fields: pickle (Ray Tune sends a trial's error to the
+        # driver) must pass them by name, or unpickling fails with a TypeError.
+        return (_worker_failure, (self.args[0], self.rank, self.host, self.node_id,
+                                  self.remote_traceback, self.failed_ranks))
+
+
+def _worker_failure(message, rank, host, node_id, remote_traceback, failed_ranks):
+    return WorkerFailure(message, rank=rank, host=host, node_id=node_id,
+                         remote_traceback=remote_traceback, failed_ranks=failed_ranks)
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkerPlace:

@@ -30,6 +30,9 @@ run() {
     export HVD_TORCH_GLOO_ROOT=/tmp/gloo
     export LD_LIBRARY_PATH=/tmp/gloo/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
     export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+    # torch's CUDAExtension finds the toolkit through CUDA_HOME; build_config knows where it is.
+    CUDA_HOME=${CUDA_HOME:-$(python3 -c 'import build_config; print(build_config.cuda_home() or "")')}
+    export CUDA_HOME
     nvidia-smi -L | tee "$out/device.txt"
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
         | tee -a "$out/device.txt"

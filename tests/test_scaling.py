@@ -112,7 +112,8 @@ def test_scaling_is_bit_identical_to_horovods_rules(nranks):
         want = _reference(nranks, dtype, n, op, pre, post)
         want5 = _reference(nranks, dtype, 5, op, pre, post) if n == SMALL else None
         for rank, out in enumerate(results):
-            what = f"rank {rank} of {nranks}, {dtype}, op {op}, pre {pre:.4g}, post {post:.4g}, n {n}"
+            what = (f"rank {rank} of {nranks}, {dtype}, op {op}, pre {pre:.4g}, "
+                    f"post {post:.4g}, n {n}")
             got = out[("allreduce", i)]
             assert got.dtype == dtype and torch.equal(got, want), (what, got, want)
             start, rows = _slice(n, nranks, rank)
