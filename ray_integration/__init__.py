@@ -18,6 +18,8 @@ _EXPORTS = {
     "PlacementTimeoutError": ".placement",
     "RayExecutor": ".executor",
     "RaySettings": ".settings",
+    "TorchTrainer": ".trainer",
+    "TrainingOperator": ".trainer",
     "WorkerFailure": ".worker_group",
     "report": ".worker",
 }
@@ -28,6 +30,8 @@ __all__ = [
     "PlacementTimeoutError",
     "RayExecutor",
     "RaySettings",
+    "TorchTrainer",
+    "TrainingOperator",
     "WorkerFailure",
     "report",
 ]
