@@ -1,13 +1,15 @@
 """TrainingOperator and TorchTrainer on a real local Ray (2 workers): the
 default loops against a hand-written hvd loop, use_fp16, save/load, a
-failing worker. Operators: tests/trainer_operators.py."""
+failing worker; examples/ray_trainer_digits.py. Operators: tests/trainer_operators.py."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
-from ray_harness import no_leaks, ray_module_fixture  # noqa: F401  (fixtures)
+from ray_harness import no_leaks, ray_address, ray_module_fixture, run_example  # noqa: F401
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 from trainer_operators import MLPOperator, make_data, make_model
@@ -170,3 +172,16 @@ def test_worker_failure_names_rank_host_and_traceback():
             trainer.validate()
     finally:
         trainer.shutdown()
+
+
+def test_digits_example_trains_and_scores_rank_0s_model(tmp_path):
+    out = run_example(
+        "ray_trainer_digits.py", "--address", ray_address(), "--epochs", "3",
+        "--checkpoint", str(tmp_path / "digits.pt"),
+    )  # fmt: skip
+    epochs = re.findall(r"^epoch (\d+): train_loss ([0-9.]+) .*val_accuracy ([0-9.]+)", out, re.M)
+    assert [int(e) for e, _, _ in epochs] == [1, 2, 3], out
+    assert float(epochs[-1][1]) < float(epochs[0][1])
+    final = re.search(r"rank 0's model on the driver: accuracy ([0-9.]+) on 299", out)
+    assert final and float(final.group(1)) > 0.7, out
+    assert (tmp_path / "digits.pt").exists()

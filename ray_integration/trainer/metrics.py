@@ -5,9 +5,9 @@ A batch result is a dict of numbers with a "num_samples" entry: the batch's
 size, the weight of its metrics. On a worker, an epoch's metric is the
 sample-weighted mean over its batches ("last_<key>" keeps the last batch's
 value), plus "num_samples" and "batch_count". On the driver, each numeric
-metric is the plain mean over workers and "num_samples"/"batch_count" are
-sums; with equal shards (the distributed sampler pads them) the mean over
-workers is the sample-weighted mean over the whole epoch.
+metric is the plain mean over workers, "num_samples"/"batch_count" are sums
+and "epoch" is rank 0's; with equal shards (the distributed sampler pads
+them) the mean over workers is the sample-weighted mean over the epoch.
 
 Plain Python: no torch, no Ray.
 """
@@ -22,6 +22,8 @@ __all__ = ["NUM_SAMPLES", "AverageMeter", "AverageMeterCollection", "reduce_work
 NUM_SAMPLES = "num_samples"
 # Counts: summed over workers rather than averaged.
 _SUMMED = (NUM_SAMPLES, "batch_count")
+# Equal on every worker, and an int: rank 0's.
+_RANK_0 = ("epoch",)
 
 
 class AverageMeter:
@@ -76,7 +78,7 @@ def reduce_worker_stats(worker_stats: Sequence[dict]) -> dict:
     for key in keys:
         values = [s[key] for s in worker_stats if key in s]
         numeric = all(isinstance(v, numbers.Number) and not isinstance(v, bool) for v in values)
-        if not numeric:
+        if not numeric or key in _RANK_0:
             out[key] = worker_stats[0].get(key, values[0])
         elif key in _SUMMED:
             out[key] = sum(values)
