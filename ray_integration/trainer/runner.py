@@ -47,6 +47,12 @@ class OperatorRunner:
         hvd.init()
         self.options = options
         self.device = _device(options)
+        self.reset(operator_cls, config)
+
+    def reset(self, operator_cls, config: dict) -> None:
+        """A new operator from config (its setup() again, rank 0's fresh
+        state broadcast) on this running worker: epoch and step back to 0.
+        A collective: every worker resets."""
         self.epoch = 0  # epochs trained: the sampler's seed offset for the next one
         self.operator = operator_cls(
             config,
@@ -54,10 +60,10 @@ class OperatorRunner:
             local_rank=hvd.local_rank(),
             world_size=hvd.size(),
             device=self.device,
-            use_gpu=options.use_gpu,
-            use_fp16=options.use_fp16,
-            scheduler_step_freq=options.scheduler_step_freq,
-            broadcast_initial_state=not options.elastic,
+            use_gpu=self.options.use_gpu,
+            use_fp16=self.options.use_fp16,
+            scheduler_step_freq=self.options.scheduler_step_freq,
+            broadcast_initial_state=not self.options.elastic,
         )
         if not self.operator.models or not self.operator.optimizers:
             raise RuntimeError(

@@ -159,6 +159,19 @@ class TorchTrainer:
             self._has_validation = self._call("has_validation", single=True)
         return self._has_validation
 
+    def reset(self, config: dict | None = None) -> None:
+        """Starts over with config (default: the current one): every worker
+        builds a new operator (setup(config), rank 0's fresh state), epoch 0.
+        The worker processes stay: this is how a Tune trainable takes a new
+        trial's config without starting workers (reset_config)."""
+        if config is not None:
+            self._config = dict(config)
+        self._has_validation = None
+        if self._elastic:
+            self._state, self._keep_hyperparameters = None, False
+            return
+        self._call("reset", self._operator_cls, self._config)
+
     # -- state
 
     def state_dict(self) -> dict:

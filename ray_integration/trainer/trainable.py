@@ -14,7 +14,10 @@ train() and, if the operator registered a validation_loader, one validate():
 Tune gets both metric sets (validation keys that clash with training ones get a
 "val_" prefix: val_num_samples, val_batch_count). save_checkpoint and
 load_checkpoint write and read the trainer's full state, so schedulers that
-pause, stop and resume trials (ASHA, PBT) work.
+pause, stop and resume trials (ASHA, PBT) work. reset_config is implemented:
+with reuse_actors=True a new or mutated trial reuses the trainable and its
+running workers (a new operator from the new config on each), which saves
+starting processes at every trial and every PBT exploit.
 
 PBT's exploit restores another trial's checkpoint into a trial with a mutated
 config. The operator's setup(config) has built the optimizers from the new
@@ -73,7 +76,7 @@ def make_trainable(
 
         def setup(self, config):
             self._trial_config = {**base_config, **config}
-            self.restored_checkpoints = 0
+            self.restored_from = None
             self.trainer = trainer_cls(
                 training_operator_cls=training_operator_cls,
                 config=self._trial_config,
@@ -90,14 +93,28 @@ def make_trainable(
             if self.trainer.has_validation:
                 for key, value in self.trainer.validate().items():
                     stats[f"val_{key}" if key in stats else key] = value
-            stats["restored_checkpoints"] = self.restored_checkpoints
+            # The trial whose checkpoint this one last resumed from (itself
+            # after a pause, another trial after PBT's exploit).
+            stats["restored_from"] = self.restored_from or ""
             return stats
+
+        def reset_config(self, new_config):
+            # reuse_actors=True: a new trial (or PBT's mutated config) on this
+            # actor and its running workers; no processes start.
+            self._trial_config = {**base_config, **new_config}
+            self.restored_from = None
+            self.trainer.reset(self._trial_config)
+            return True
 
         def save_checkpoint(self, checkpoint_dir):
             import torch
 
             path = os.path.join(checkpoint_dir, _CHECKPOINT_FILE)
-            torch.save({"trainer": self.trainer.state_dict(), "config": self._trial_config}, path)
+            torch.save(
+                {"trainer": self.trainer.state_dict(), "config": self._trial_config,
+                 "trial_id": self.trial_id},
+                path,
+            )  # fmt: skip
             return None  # the directory is the checkpoint
 
         def load_checkpoint(self, checkpoint):
@@ -107,7 +124,7 @@ def make_trainable(
             saved = torch.load(path, map_location="cpu", weights_only=False)
             mutated = saved["config"] != self._trial_config
             self.trainer.load_state_dict(saved["trainer"], keep_hyperparameters=mutated)
-            self.restored_checkpoints += 1
+            self.restored_from = saved["trial_id"]
 
         def cleanup(self):
             self.trainer.shutdown()
