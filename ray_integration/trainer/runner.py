@@ -56,9 +56,6 @@ class OperatorRunner:
         self.epoch = 0  # epochs trained: the sampler's seed offset for the next one
         self.operator = operator_cls(
             config,
-            world_rank=hvd.rank(),
-            local_rank=hvd.local_rank(),
-            world_size=hvd.size(),
             device=self.device,
             use_gpu=self.options.use_gpu,
             use_fp16=self.options.use_fp16,

@@ -39,6 +39,8 @@ SCHEDULER_STEP_FREQS = ("batch", "epoch", "manual")
 class TrainingOperator:
     """Subclass and implement setup(config). Built by the trainer on every
     worker after hvd.init(); the constructor calls setup(config).
+    world_rank, local_rank and world_size are hvd's, read when asked (they
+    change when an elastic job resets).
 
     Attributes for setup() and the loops: config, world_rank, local_rank,
     world_size, device, use_gpu, use_fp16, scheduler_step_freq, global_step;
@@ -49,9 +51,6 @@ class TrainingOperator:
     def __init__(
         self,
         config: dict,
-        world_rank: int,
-        local_rank: int,
-        world_size: int,
         device: torch.device,
         use_gpu: bool = False,
         use_fp16: bool = False,
@@ -64,9 +63,6 @@ class TrainingOperator:
                 f"{scheduler_step_freq!r}"
             )
         self._config = config
-        self._world_rank = world_rank
-        self._local_rank = local_rank
-        self._world_size = world_size
         self._device = device
         self._use_gpu = use_gpu
         self._use_fp16 = use_fp16
@@ -263,9 +259,10 @@ class TrainingOperator:
     # -- read-only views
 
     config = property(lambda self: self._config)
-    world_rank = property(lambda self: self._world_rank)
-    local_rank = property(lambda self: self._local_rank)
-    world_size = property(lambda self: self._world_size)
+    # Read from hvd each time: in an elastic job they change at every reset.
+    world_rank = property(lambda self: hvd.rank())
+    local_rank = property(lambda self: hvd.local_rank())
+    world_size = property(lambda self: hvd.size())
     device = property(lambda self: self._device)
     use_gpu = property(lambda self: self._use_gpu)
     use_fp16 = property(lambda self: self._use_fp16)
