@@ -16,7 +16,6 @@ writes the results table (one row per trial) to CSV.
 
 import argparse
 import os
-import sys
 import tempfile
 
 import ray
@@ -26,9 +25,9 @@ from ray.tune.schedulers import ASHAScheduler
 
 from ray_integration import TorchTrainer
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ray_trainer_digits  # noqa: E402
-from ray_trainer_digits import DigitsOperator  # noqa: E402
+# The script's directory is on sys.path, as for any `python examples/...`.
+import ray_trainer_digits
+from ray_trainer_digits import DigitsOperator
 
 # The workers cannot import this directory's modules: send the operator (and
 # the model it builds) by value, as if it were defined in this script.

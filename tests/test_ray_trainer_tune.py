@@ -89,7 +89,8 @@ def test_pbt_exploits_a_checkpoint(tmp_path):
         metric="val_accuracy", mode="max", scheduler=pbt, reuse_actors=True,
         # A checkpoint every step: a trial may reach its exploit before PBT
         # had the better trial save one.
-        stop={"training_iteration": 4}, checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
+        stop={"training_iteration": 4},
+        checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
         progress_reporter=CLIReporter(metric_columns=["val_accuracy", "lr", "restored_from"]),
         storage_path=str(tmp_path), verbose=1,
     )  # fmt: skip
@@ -111,7 +112,8 @@ def test_pbt_exploits_a_checkpoint(tmp_path):
         # The epoch counter came with the checkpoint: one more than the
         # cloned trial's at its checkpoint, which is this trial's iteration.
         assert history["epoch"][first] == history["training_iteration"][first]
-    assert exploited >= 1, {t.trial_id: analysis.trial_dataframes[t.trial_id] for t in analysis.trials}
+    assert exploited >= 1, {t.trial_id: analysis.trial_dataframes[t.trial_id]
+                            for t in analysis.trials}  # fmt: skip
 
 
 def _configs(history):

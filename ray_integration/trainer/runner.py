@@ -126,7 +126,8 @@ class OperatorRunner:
         for model, saved in zip(op.models, state["models"]):
             model.load_state_dict(saved)
         for optimizer, saved in zip(op.optimizers, state["optimizers"]):
-            current = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+            groups = optimizer.param_groups
+            current = [{k: v for k, v in g.items() if k != "params"} for g in groups]
             # A copy: optimizers keep the tensors they are given, and the
             # caller's state (a commit, the driver's) must not train along.
             optimizer.load_state_dict(copy.deepcopy(saved))

@@ -107,6 +107,7 @@ def make_trainable(
             return True
 
         def save_checkpoint(self, checkpoint_dir):
+            """Returns None: the directory is the checkpoint."""
             import torch
 
             path = os.path.join(checkpoint_dir, _CHECKPOINT_FILE)
@@ -115,7 +116,6 @@ def make_trainable(
                  "trial_id": self.trial_id},
                 path,
             )  # fmt: skip
-            return None  # the directory is the checkpoint
 
         def load_checkpoint(self, checkpoint):
             import torch

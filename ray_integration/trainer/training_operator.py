@@ -31,7 +31,7 @@ import hvd_torch as hvd
 from .metrics import NUM_SAMPLES, AverageMeterCollection
 from .precision import MixedPrecision
 
-__all__ = ["TrainingOperator", "SCHEDULER_STEP_FREQS"]
+__all__ = ["SCHEDULER_STEP_FREQS", "TrainingOperator"]
 
 SCHEDULER_STEP_FREQS = ("batch", "epoch", "manual")
 
