@@ -19,15 +19,13 @@ import os
 import tempfile
 
 import ray
+import ray_trainer_digits  # this script's directory is on sys.path
 from ray import tune
 from ray.tune import CLIReporter
 from ray.tune.schedulers import ASHAScheduler
+from ray_trainer_digits import DigitsOperator
 
 from ray_integration import TorchTrainer
-
-# The script's directory is on sys.path, as for any `python examples/...`.
-import ray_trainer_digits
-from ray_trainer_digits import DigitsOperator
 
 # The workers cannot import this directory's modules: send the operator (and
 # the model it builds) by value, as if it were defined in this script.
