@@ -53,6 +53,9 @@ def main():
         cpus = max(os.cpu_count() or 1, args.concurrent * args.num_workers)
         ray.init(address="local", num_cpus=cpus, include_dashboard=False)
     storage = args.storage or tempfile.mkdtemp(prefix="hvd-trainer-tune-")
+    # Tune prints its own tables unless told to use the older reporters, which
+    # it otherwise ignores (with a warning): let the CLIReporter below print.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
     trainable = TorchTrainer.as_trainable(
         training_operator_cls=DigitsOperator,

@@ -74,7 +74,7 @@ def test_asha_over_four_two_worker_trials_reports_the_best(tmp_path):
         assert set(history["lr"]) == {result.config["lr"]}
 
 
-def test_pbt_exploits_a_checkpoint(tmp_path):
+def test_pbt_exploits_a_checkpoint(tmp_path, monkeypatch):
     """Two trials, a good and a bad learning rate; PBT makes the bad one
     continue from the good one's checkpoint, under a mutated config whose
     learning rate the restored optimizer then uses. reuse_actors: exploits
@@ -83,6 +83,7 @@ def test_pbt_exploits_a_checkpoint(tmp_path):
         time_attr="training_iteration", perturbation_interval=1, quantile_fraction=0.5,
         hyperparam_mutations={"lr": [BAD_LR, 0.1, GOOD_LR]},
     )  # fmt: skip
+    monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "0")  # Tune would ignore the CLIReporter
     analysis = tune.run(
         _trainable(),
         config={"lr": tune.grid_search([GOOD_LR, BAD_LR])},
@@ -136,3 +137,65 @@ def test_tune_example_prints_the_best_config_and_writes_csv(tmp_path):
     with open(table) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and {"val_accuracy", "config/lr", "config/momentum"} <= set(rows[0])
+
+
+class _Accumulator:
+    """The low-level alternative's per-worker state: a number every step adds
+    the allreduced config["x"] to."""
+
+    def __init__(self, config):
+        import hvd_torch as hvd
+
+        hvd.init()
+        self.x, self.total = config["x"], 0.0
+
+    def step(self):
+        import torch
+
+        import hvd_torch as hvd
+
+        self.total += hvd.allreduce(torch.tensor([self.x]), op=hvd.Sum, name="x").item()
+        return {"total": self.total, "size": hvd.size()}
+
+
+class _LowLevelTrainable(tune.Trainable):
+    """docs/ray.md's plain tune.Trainable that drives its own RayExecutor."""
+
+    @classmethod
+    def default_resource_request(cls, config):
+        return tune.PlacementGroupFactory([{}] + [{"CPU": 1}] * 2)
+
+    def setup(self, config):
+        from ray_integration import RayExecutor
+
+        settings = RayExecutor.create_settings(timeout_s=60, verbose=0)
+        self.executor = RayExecutor(settings, num_workers=2)
+        self.executor.start(executable_cls=_Accumulator, executable_args=(config,))
+
+    def step(self):
+        return self.executor.execute(lambda worker: worker.step())[0]
+
+    def save_checkpoint(self, checkpoint_dir):
+        return {"total": self.executor.execute_single(lambda worker: worker.total)}
+
+    def load_checkpoint(self, checkpoint):
+        total = checkpoint["total"]
+        self.executor.execute(lambda worker: setattr(worker, "total", total))
+
+    def cleanup(self):
+        self.executor.shutdown()
+
+
+def test_low_level_trainable_with_its_own_executor(tmp_path):
+    tuner = tune.Tuner(
+        _LowLevelTrainable,
+        param_space={"x": tune.grid_search([1.0, 2.0])},
+        tune_config=tune.TuneConfig(metric="total", mode="max"),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0,
+                                  stop={"training_iteration": 2}),
+    )  # fmt: skip
+    results = tuner.fit()
+    assert results.errors == []
+    # Two workers each add x per step: 2x, then 4x.
+    assert sorted(r.metrics["total"] for r in results) == [4.0, 8.0]
+    assert {r.metrics["size"] for r in results} == {2}
