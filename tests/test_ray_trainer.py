@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from ray_harness import no_leaks, ray_address, ray_module_fixture, run_example  # noqa: F401
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
-from trainer_operators import MLPOperator, make_data, make_model
+from trainer_operators import MLPOperator, TwoModelOperator, make_data, make_model
 
 import hvd_torch as hvd
 from ray_integration import RayExecutor, TorchTrainer, WorkerFailure
@@ -189,3 +189,27 @@ def test_digits_example_trains_and_scores_rank_0s_model(tmp_path):
     final = re.search(r"rank 0's model on the driver: accuracy ([0-9.]+) on 299", out)
     assert final and float(final.group(1)) > 0.7, out
     assert (tmp_path / "digits.pt").exists()
+
+
+def test_two_models_with_their_own_optimizers():
+    """register() with lists (a GAN's shape) and a train_batch of the user's:
+    both models train, identically on both workers, and both are saved."""
+    trainer = TorchTrainer(training_operator_cls=TwoModelOperator, num_workers=2,
+                           config={"lr": 0.1})  # fmt: skip
+    try:
+        first, second = trainer.train(), trainer.train()
+        per_rank = trainer.apply_all_operators(
+            lambda op: [m.state_dict() for m in op.models]
+        )
+        models = trainer.get_model()
+        state = trainer.state_dict()
+    finally:
+        trainer.shutdown()
+    assert isinstance(models, list) and len(models) == 2
+    assert len(state["models"]) == len(state["optimizers"]) == 2
+    for i in range(2):
+        assert _max_diff(per_rank[0][i], per_rank[1][i]) == 0.0
+        assert _max_diff(models[i].state_dict(), per_rank[0][i]) == 0.0
+        assert second[f"loss_{i}"] < first[f"loss_{i}"]
+    # Different seeds: two different models, not one trained twice.
+    assert _max_diff(per_rank[0][0], per_rank[0][1]) > 0

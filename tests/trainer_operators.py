@@ -76,3 +76,30 @@ class MLPOperator(TrainingOperator):
         stats = super().train_epoch(iterator, info)
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
         return stats
+
+
+class TwoModelOperator(TrainingOperator):
+    """Two models, each with its own optimizer (the shape of a GAN), and a
+    train_batch of its own: the same parameter names in both models, so only
+    register()'s model<i>. prefixes keep their gradients' allreduces apart."""
+
+    def setup(self, config):
+        models = [make_model(10 + self.world_rank), make_model(20 + self.world_rank)]
+        optimizers = [torch.optim.SGD(m.parameters(), lr=config["lr"]) for m in models]
+        self.models_, self.optimizers_ = self.register(models=models, optimizers=optimizers)
+        x, y = make_data()
+        self.register_data(
+            train_loader=DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+        )
+
+    def train_batch(self, batch, batch_info):
+        x, y = batch
+        losses = {}
+        for i, (model, optimizer) in enumerate(zip(self.models_, self.optimizers_)):
+            with self.autocast():
+                loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            self.backward(loss)
+            self.optimizer_step(optimizer)
+            losses[f"loss_{i}"] = loss.item()
+        return {**losses, "num_samples": len(y)}
