@@ -14,11 +14,28 @@ TorchTrainer.as_trainable for Tune. See docs/ray.md, "Trainer".
 
 training_operator, precision, metrics, sharding, runner and elastic_call
 import nothing of Ray (they run on the workers); torch_trainer and trainable
-drive Ray.
+drive Ray. Names are resolved on first use (PEP 562), as in the parent
+package, so a worker that unpickles an OperatorRunner loads only its side.
 """
 
-from .metrics import NUM_SAMPLES
-from .torch_trainer import TorchTrainer
-from .training_operator import TrainingOperator
+import importlib
+
+_EXPORTS = {
+    "NUM_SAMPLES": ".metrics",
+    "TorchTrainer": ".torch_trainer",
+    "TrainingOperator": ".training_operator",
+}
 
 __all__ = ["NUM_SAMPLES", "TorchTrainer", "TrainingOperator"]
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__
