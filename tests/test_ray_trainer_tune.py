@@ -92,33 +92,30 @@ def test_pbt_exploits_a_checkpoint(tmp_path, monkeypatch):
         # had the better trial save one.
         stop={"training_iteration": 4},
         checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
-        progress_reporter=CLIReporter(metric_columns=["val_accuracy", "lr", "restored_from"]),
+        progress_reporter=CLIReporter(metric_columns=["val_accuracy", "lr", "origin_lr"]),
         storage_path=str(tmp_path), verbose=1,
     )  # fmt: skip
     assert all(t.status == "TERMINATED" for t in analysis.trials), analysis.trials
-    ids = {t.trial_id for t in analysis.trials}
     exploited = 0
     for trial in analysis.trials:
-        history = analysis.trial_dataframes[trial.trial_id]
-        # Whatever was restored, the trial's config's learning rate trains.
-        assert list(history["lr"]) == [c["lr"] for c in _configs(history)]
-        clones = history[history["restored_from"].isin(ids - {trial.trial_id})]
-        if clones.empty:
+        history = analysis.trial_dataframes[trial.trial_id].reset_index(drop=True)
+        # Whatever was restored, the trial's current config's learning rate trains.
+        assert list(history["lr"]) == list(history["config/lr"])
+        # origin_lr is operator state: it travels in the checkpoint. A trial
+        # that started with the bad rate and ends holding the good trial's
+        # lineage resumed from the good trial's checkpoint.
+        if history["config/lr"][0] != BAD_LR or history["origin_lr"].iloc[-1] != GOOD_LR:
             continue
         exploited += 1
-        first = clones.index[0]
-        # Before the exploit the trial trained from its own start; right
-        # after it, from the other trial's better weights.
+        first = int((history["origin_lr"] == GOOD_LR).idxmax())
+        assert first > 0 and set(history["origin_lr"][:first]) == {BAD_LR}
+        # Before the exploit it trained from its own start; right after it,
+        # from the good trial's better weights, with the epoch counter that
+        # came in the checkpoint.
         assert history["val_accuracy"][first] > history["val_accuracy"][:first].max()
-        # The epoch counter came with the checkpoint: one more than the
-        # cloned trial's at its checkpoint, which is this trial's iteration.
         assert history["epoch"][first] == history["training_iteration"][first]
-    assert exploited >= 1, {t.trial_id: analysis.trial_dataframes[t.trial_id]
+    assert exploited == 1, {t.trial_id: analysis.trial_dataframes[t.trial_id]
                             for t in analysis.trials}  # fmt: skip
-
-
-def _configs(history):
-    return [{"lr": lr} for lr in history["config/lr"]]
 
 
 def test_tune_example_prints_the_best_config_and_writes_csv(tmp_path):

@@ -56,6 +56,9 @@ class MLPOperator(TrainingOperator):
             train_loader=DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
             validation_loader=DataLoader(TensorDataset(xv, yv), batch_size=16),
         )
+        # Operator state of its own, saved with the trainer's: the learning
+        # rate the weights' lineage started with (PBT's exploit carries it).
+        self.origin_lr = config["lr"]
         # What autocast made of the forward pass (use_fp16).
         self.output_dtypes = set()
         self.model.register_forward_hook(lambda m, i, out: self.output_dtypes.add(str(out.dtype)))
@@ -75,7 +78,14 @@ class MLPOperator(TrainingOperator):
     def train_epoch(self, iterator, info):
         stats = super().train_epoch(iterator, info)
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
+        stats["origin_lr"] = self.origin_lr
         return stats
+
+    def state_dict(self):
+        return {"origin_lr": self.origin_lr}
+
+    def load_state_dict(self, state_dict):
+        self.origin_lr = state_dict["origin_lr"]
 
 
 class TwoModelOperator(TrainingOperator):

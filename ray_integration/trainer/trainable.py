@@ -76,7 +76,6 @@ def make_trainable(
 
         def setup(self, config):
             self._trial_config = {**base_config, **config}
-            self.restored_from = None
             self.trainer = trainer_cls(
                 training_operator_cls=training_operator_cls,
                 config=self._trial_config,
@@ -93,16 +92,12 @@ def make_trainable(
             if self.trainer.has_validation:
                 for key, value in self.trainer.validate().items():
                     stats[f"val_{key}" if key in stats else key] = value
-            # The trial whose checkpoint this one last resumed from (itself
-            # after a pause, another trial after PBT's exploit).
-            stats["restored_from"] = self.restored_from or ""
             return stats
 
         def reset_config(self, new_config):
             # reuse_actors=True: a new trial (or PBT's mutated config) on this
             # actor and its running workers; no processes start.
             self._trial_config = {**base_config, **new_config}
-            self.restored_from = None
             self.trainer.reset(self._trial_config)
             return True
 
@@ -111,11 +106,7 @@ def make_trainable(
             import torch
 
             path = os.path.join(checkpoint_dir, _CHECKPOINT_FILE)
-            torch.save(
-                {"trainer": self.trainer.state_dict(), "config": self._trial_config,
-                 "trial_id": self.trial_id},
-                path,
-            )  # fmt: skip
+            torch.save({"trainer": self.trainer.state_dict(), "config": self._trial_config}, path)
 
         def load_checkpoint(self, checkpoint):
             import torch
@@ -124,7 +115,6 @@ def make_trainable(
             saved = torch.load(path, map_location="cpu", weights_only=False)
             mutated = saved["config"] != self._trial_config
             self.trainer.load_state_dict(saved["trainer"], keep_hyperparameters=mutated)
-            self.restored_from = saved["trial_id"]
 
         def cleanup(self):
             self.trainer.shutdown()
