@@ -54,6 +54,22 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         _wait_all(handles)
 
 
+def _load_keeping_groups(optimizer, state_dict):
+    """optimizer.load_state_dict(state_dict), keeping its param_group dicts.
+
+    load_state_dict installs new group dicts. Anything that holds the old ones
+    would then change hyperparameters nobody reads: an LR scheduler built on an
+    optimizer before DistributedOptimizer wrapped it (the wrapper shares the
+    original's groups) would move the learning rate on the root only, and the
+    ranks' weights would drift apart. So the loaded values go into the old dicts.
+    """
+    groups = optimizer.param_groups
+    optimizer.load_state_dict(state_dict)
+    for old, new in zip(groups, optimizer.param_groups):
+        old.update(new)  # new["params"] holds the same parameter tensors
+    optimizer.param_groups = groups
+
+
 def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
     """Makes every rank's optimizer state equal to root_rank's, without a step.
 
@@ -94,7 +110,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     error = None
     if not is_root:
         try:
-            optimizer.load_state_dict(_zeros_from(layout, optimizer))
+            _load_keeping_groups(optimizer, _zeros_from(layout, optimizer))
             state_dict = optimizer.state_dict()  # the live tensors to receive into
         except Exception as e:  # noqa: BLE001  (raised after the broadcasts, see below)
             error, state_dict = e, None

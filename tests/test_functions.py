@@ -15,9 +15,9 @@ import pytest
 import torch
 
 try:
-    from dist_harness import launch_once
+    from dist_harness import launch_once, run_ranks
 except ImportError:  # tests/ imported as a package
-    from tests.dist_harness import launch_once
+    from tests.dist_harness import launch_once, run_ranks
 
 TIMEOUT = 120
 NRANKS = [2, 3]
@@ -276,3 +276,38 @@ def test_allgather_object(nranks):
         for r, obj in enumerate(gathered):
             _assert_identical(obj, _the_objects(r), f"rank {rank}, object of rank {r}")
         assert res["allgather_named"] == [r * 10 for r in range(nranks)]
+
+
+def _scheduler_built_before_wrapping():
+    """Horovod scripts often build the LR scheduler on the plain optimizer and
+    wrap it afterwards: the scheduler must still drive every rank's rate."""
+    import hvd_torch as hvd
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (hvd.rank() + 1), momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    rates = []
+    for step in range(3):
+        x = torch.full((2, 4), float(hvd.rank() + step))
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        sched.step()
+        rates.append(opt.param_groups[0]["lr"])
+    weights = [p.detach().clone() for p in model.parameters()]
+    hvd.shutdown()
+    return rates, weights
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_scheduler_built_before_wrapping_drives_every_rank(nranks):
+    results = run_ranks(_scheduler_built_before_wrapping, nranks, timeout=120)
+    for rates, weights in results:
+        assert rates == [0.05, 0.025, 0.0125], rates  # rank 0's 0.1, halved each step
+        for got, want in zip(weights, results[0][1]):
+            assert torch.equal(got, want)
