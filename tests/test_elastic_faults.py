@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,90 +18,28 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from hvdrun_job import HvdrunJob  # noqa: E402
+
 # Near-exact: float64 weights after ~40 steps; only the order in which the engine
 # sums the ranks' gradients may differ from the reference.  One step lost or applied
 # twice moves the weights by ~1e-2.
 _ATOL = 1e-9
 
 
-class Job:
-    """An hvdrun process whose output lines are collected with their arrival times."""
-
-    def __init__(self, tmp_path, hvdrun_args, hosts: str | None = None, **job_env):
-        self.hosts_file = tmp_path / "hosts.txt"
-        args = list(hvdrun_args)
-        if hosts is not None:
-            self.set_hosts(hosts)
-            args += ["--host-discovery-script", f"cat {self.hosts_file}"]
-        # Host names other than localhost (badhost) are labels for this machine.
-        env = dict(os.environ, PYTHONPATH=str(ROOT), HVD_TORCH_ELASTIC_LOCAL="1")
-        env.update({k: str(v) for k, v in job_env.items()})
-        self.lines: list[tuple[float, str]] = []
-        self._cond = threading.Condition()
-        self.start = time.time()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hvd_torch.runner", *args,
-             sys.executable, str(TESTS / "elastic_job.py")],
-            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )  # fmt: skip
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def set_hosts(self, text: str) -> None:
-        tmp = self.hosts_file.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.hosts_file)  # the driver never reads half a file
-
-    def _read(self):
-        for line in self.proc.stdout:
-            with self._cond:
-                self.lines.append((time.time(), line.rstrip("\n")))
-                self._cond.notify_all()
-
-    def wait_for(self, predicate, timeout=60.0):
-        """The first line satisfying predicate, waiting for it if needed."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            seen = 0
-            while True:
-                for _, line in self.lines[seen:]:
-                    if predicate(line):
-                        return line
-                seen = len(self.lines)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.proc.poll() is not None and seen == len(self.lines):
-                    raise AssertionError(f"no matching line within {timeout}s:\n{self.output}")
-                self._cond.wait(min(remaining, 0.2))
-
-    def finish(self, timeout=120.0) -> int:
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            raise AssertionError(f"hvdrun still running after {timeout}s:\n{self.output}")
-        self._reader.join(10)
-        return code
-
-    def kill(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    @property
-    def output(self) -> str:
-        return "\n".join(line for _, line in self.lines)
-
-    def events(self, kind, after=0.0):
-        """(time, fields) of every `EVENT kind` line that arrived after `after`."""
-        out = []
-        for t, line in self.lines:
-            _, _, rest = line.partition("EVENT ")
-            if t >= after and rest.startswith(kind + " "):
-                fields = dict(f.split("=", 1) for f in rest.split(" ")[1:])
-                out.append((float(fields["t"]), fields))
-        return out
+def start_job(tmp_path, hvdrun_args, hosts: str | None = None, **job_env):
+    """hvdrun's elastic mode on this machine running tests/elastic_job.py, with a
+    file-driven discovery script when `hosts` is given."""
+    hosts_file = tmp_path / "hosts.txt"
+    args = list(hvdrun_args)
+    if hosts is not None:
+        args += ["--host-discovery-script", f"cat {hosts_file}"]
+    # Host names other than localhost (badhost) are labels for this machine.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HVD_TORCH_ELASTIC_LOCAL="1")
+    env.update({k: str(v) for k, v in job_env.items()})
+    if hosts is not None:
+        hosts_file.write_text(hosts)  # before the driver first reads it
+    return HvdrunJob([sys.executable, "-m", "hvd_torch.runner", *args, sys.executable,
+                      str(TESTS / "elastic_job.py")], env, ROOT, hosts_file=hosts_file)
 
 
 @pytest.fixture
@@ -111,7 +47,7 @@ def job(tmp_path):
     jobs = []
 
     def start(*args, **kwargs):
-        jobs.append(Job(tmp_path, *args, **kwargs))
+        jobs.append(start_job(tmp_path, *args, **kwargs))
         return jobs[-1]
 
     yield start

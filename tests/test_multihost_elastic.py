@@ -9,87 +9,29 @@ the run went through.  Skipped where namespaces cannot be made (not root).
 import json
 import os
 import signal
-import subprocess
-import threading
 import time
 
 import pytest
 
+from hvdrun_job import HvdrunJob
 from multihost_harness import ROOT, cluster, launcher_env
 
 _ATOL = 1e-9
 EPOCHS = 4  # long enough to grow (a new host's workers take seconds to start) and shrink
 
 
-class ElasticRun:
-    """hvdrun's elastic mode with a file-driven discovery script; output lines are
-    collected with their arrival times."""
-
-    def __init__(self, tmp_path, hosts, first_hosts: str, *args):
-        self.hosts_file = tmp_path / "discovered"
-        self.set_hosts(first_hosts)
-        env = launcher_env(ELASTIC_JOB_STEP_SLEEP="0.15", ELASTIC_JOB_EPOCHS=str(EPOCHS))
-        self.lines: list[tuple[float, str]] = []
-        self._cond = threading.Condition()
-        self.proc = subprocess.Popen(
-            ["hvdrun", "--min-np", "2", "--max-np", "4", *args,
-             "--host-discovery-script", f"cat {self.hosts_file}", *hosts.hvdrun_ssh_args(),
-             "-x", "ELASTIC_JOB_STEP_SLEEP", "-x", "ELASTIC_JOB_EPOCHS",
-             "python", "tests/elastic_job.py"],
-            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )  # fmt: skip
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def set_hosts(self, text: str) -> None:
-        tmp = self.hosts_file.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.hosts_file)
-
-    def _read(self):
-        for line in self.proc.stdout:
-            with self._cond:
-                self.lines.append((time.time(), line.rstrip("\n")))
-                self._cond.notify_all()
-
-    def wait_for(self, predicate, timeout=90.0):
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                matches = [line for _, line in self.lines if predicate(line)]
-                if matches:
-                    return matches
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.proc.poll() is not None:
-                    raise AssertionError(f"no matching line within {timeout}s:\n{self.output}")
-                self._cond.wait(min(remaining, 0.2))
-
-    def finish(self, timeout=180.0) -> int:
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"hvdrun still running after {timeout}s:\n{self.output}")
-        self._reader.join(10)
-        return code
-
-    def kill(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    @property
-    def output(self) -> str:
-        return "\n".join(line for _, line in self.lines)
-
-    def events(self, kind, after=0.0):
-        out = []
-        for t, line in self.lines:
-            _, _, rest = line.partition("EVENT ")
-            if t >= after and rest.startswith(kind + " "):
-                out.append((t, dict(f.split("=", 1) for f in rest.split(" ")[1:])))
-        return out
+def start_elastic_run(tmp_path, hosts, first_hosts: str, *args):
+    """hvdrun's elastic mode over the namespace hosts, with a file-driven discovery
+    script listing `first_hosts` at the start."""
+    hosts_file = tmp_path / "discovered"
+    hosts_file.write_text(first_hosts)
+    env = launcher_env(ELASTIC_JOB_STEP_SLEEP="0.15", ELASTIC_JOB_EPOCHS=str(EPOCHS))
+    cmd = ["hvdrun", "--min-np", "2", "--max-np", "4", *args,
+           "--host-discovery-script", f"cat {hosts_file}", *hosts.hvdrun_ssh_args(),
+           "-x", "ELASTIC_JOB_STEP_SLEEP", "-x", "ELASTIC_JOB_EPOCHS",
+           "python", "tests/elastic_job.py"]  # fmt: skip
+    return HvdrunJob(cmd, env, ROOT, hosts_file=hosts_file, wait_timeout=90.0,
+                     finish_timeout=180.0)
 
 
 @pytest.fixture
@@ -97,7 +39,7 @@ def elastic(tmp_path):
     runs = []
 
     def start(*args):
-        runs.append(ElasticRun(tmp_path, *args))
+        runs.append(start_elastic_run(tmp_path, *args))
         return runs[-1]
 
     yield start
