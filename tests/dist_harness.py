@@ -40,7 +40,7 @@ import tempfile
 import time
 import traceback
 
-__all__ = ["RankFailure", "launch_once", "rank_env", "run_ranks"]
+__all__ = ["RankFailure", "attempt", "launch_once", "rank_env", "run_ranks"]
 
 # After one rank fails (and expect_fail is off) the others get this long to
 # finish before being killed: they are usually stuck waiting for the dead rank.
@@ -66,6 +66,17 @@ class RankFailure:
         if self.output:
             text += "\n  output tail:\n" + _indent(self.output.rstrip())
         return text
+
+
+def attempt(fn):
+    """(exception class name or None, message, seconds) of calling fn: how a rank
+    reports a call that should raise, for the test process to inspect."""
+    start = time.monotonic()
+    try:
+        fn()
+        return None, "", time.monotonic() - start
+    except Exception as e:  # noqa: BLE001  (the test inspects it)
+        return type(e).__name__, str(e), time.monotonic() - start
 
 
 def rank_env(rank: int, size: int, store, base=None) -> dict[str, str]:

@@ -12,24 +12,16 @@ kind and never by its message (docs/errors.md):
   ValueError.
 """
 
-import time
 
 import pytest
 import torch
 
 try:
-    from dist_harness import launch_once
+    from dist_harness import attempt, launch_once
 except ImportError:  # tests/ imported as a package
-    from tests.dist_harness import launch_once
+    from tests.dist_harness import attempt, launch_once
 
 
-def _attempt(fn):
-    start = time.monotonic()
-    try:
-        fn()
-        return None, "", time.monotonic() - start
-    except Exception as e:  # noqa: BLE001  (the test inspects it)
-        return type(e).__name__, str(e), time.monotonic() - start
 
 
 def _rank_main():
@@ -57,10 +49,10 @@ def _rank_main():
     for what, fn in local.items():
         if what == "not.member" and r == 0:
             continue
-        res[what] = _attempt(fn)
+        res[what] = attempt(fn)
     # Ranks that disagree: ValueError on every rank. The name contains the
     # old text marker, which must not turn the error into HorovodInternalError.
-    res["mismatch"] = _attempt(
+    res["mismatch"] = attempt(
         lambda: hvd.allreduce(torch.ones(r + 1), name="HorovodInternalError: not one"))
     res["after"] = hvd.allreduce(torch.ones(1), name="after", op=hvd.Sum)
     hvd.shutdown()

@@ -20,22 +20,14 @@ import pytest
 import torch
 
 try:
-    from dist_harness import RankFailure, run_ranks
+    from dist_harness import RankFailure, attempt, run_ranks
 except ImportError:  # tests/ imported as a package
-    from tests.dist_harness import RankFailure, run_ranks
+    from tests.dist_harness import RankFailure, attempt, run_ranks
 
 TIMEOUT = 90
 FAST = 10.0  # seconds: "at once" for an error every rank must see
 
 
-def _attempt(fn):
-    """(exception class name or None, message, seconds) of calling fn."""
-    start = time.monotonic()
-    try:
-        fn()
-        return None, "", time.monotonic() - start
-    except Exception as e:  # noqa: BLE001  (the test inspects it)
-        return type(e).__name__, str(e), time.monotonic() - start
 
 
 def _attempt_async(hvd, submit, limit=FAST):
@@ -64,7 +56,7 @@ def _mismatches(hvd):
     res = {}
 
     def check(kind, fn):
-        res[kind] = _attempt(fn)
+        res[kind] = attempt(fn)
         res[kind + ".after"] = hvd.allreduce(torch.tensor([1.0]), name="after." + kind, op=hvd.Sum)
 
     check("shape", lambda: hvd.allreduce(torch.ones(rank + 1), name="bad.shape"))
@@ -130,10 +122,10 @@ def _mismatches(hvd):
     for form in ("allreduce", "allgather", "broadcast"):
         args = (0,) if form == "broadcast" else ()
         fn = getattr(hvd, form)
-        res["complex." + form] = _attempt(
+        res["complex." + form] = attempt(
             lambda fn=fn, args=args: fn(torch.ones(2, dtype=torch.complex64), *args, name="cplx")
         )
-    res["adasum"] = _attempt(lambda: hvd.allreduce(torch.ones(2), name="adasum", op=hvd.Adasum))
+    res["adasum"] = attempt(lambda: hvd.allreduce(torch.ones(2), name="adasum", op=hvd.Adasum))
     res["end"] = hvd.allreduce(torch.tensor([float(rank)]), name="end", op=hvd.Sum)
     return res
 
@@ -150,9 +142,9 @@ def _duplicates(hvd):
         x = torch.full((3,), float(rank + 1))
         if rank == dup:
             first = hvd.allreduce_async(x, name=name, op=hvd.Sum)
-            second = _attempt(lambda x=x, name=name: hvd.allreduce_async(x, name=name, op=hvd.Sum))
+            second = attempt(lambda x=x, name=name: hvd.allreduce_async(x, name=name, op=hvd.Sum))
             group = hvd.grouped_allreduce_async([x, x], name=f"gdup.{dup}", op=hvd.Sum)
-            second_group = _attempt(
+            second_group = attempt(
                 lambda x=x, dup=dup: hvd.grouped_allreduce_async([x, x], name=f"gdup.{dup}")
             )
             res.append((second, hvd.synchronize(first), second_group, hvd.synchronize(group)))
@@ -208,9 +200,9 @@ def _dying_rank(victim, how):
             os._exit(3)
         os.kill(os.getpid(), 9)
         time.sleep(30)
-    first = _attempt(lambda: hvd.allreduce(torch.ones(100_000), name="doomed"))
+    first = attempt(lambda: hvd.allreduce(torch.ones(100_000), name="doomed"))
     # The engine is broken now: new ops fail at once with the same kind of error.
-    second = _attempt(lambda: hvd.allreduce(torch.ones(1), name="later"))
+    second = attempt(lambda: hvd.allreduce(torch.ones(1), name="later"))
     return {"first": first, "second": second}
 
 
@@ -220,7 +212,7 @@ def _rendezvous_rank():
     store = (
         f"{os.environ['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{os.environ['HOROVOD_GLOO_RENDEZVOUS_PORT']}"
     )
-    return store, _attempt(hvd.init), hvd.is_initialized()
+    return store, attempt(hvd.init), hvd.is_initialized()
 
 
 def _cycles_rank(cycles):
@@ -238,11 +230,11 @@ def _cycles_rank(cycles):
         hvd.shutdown()
         after = {
             "is_initialized": hvd.is_initialized(),
-            "allreduce": _attempt(lambda: hvd.allreduce(torch.ones(1), name="x")),
-            "allreduce_async": _attempt(lambda: hvd.allreduce_async(torch.ones(1))),
-            "broadcast": _attempt(lambda: hvd.broadcast(torch.ones(1), 0)),
-            "raw": _attempt(lambda: torch.ops.hvd_torch.allgather(torch.ones(1))),
-            "rank": _attempt(hvd.rank),
+            "allreduce": attempt(lambda: hvd.allreduce(torch.ones(1), name="x")),
+            "allreduce_async": attempt(lambda: hvd.allreduce_async(torch.ones(1))),
+            "broadcast": attempt(lambda: hvd.broadcast(torch.ones(1), 0)),
+            "raw": attempt(lambda: torch.ops.hvd_torch.allgather(torch.ones(1))),
+            "rank": attempt(hvd.rank),
         }
         out.append((size, named, unnamed, after))
     hvd.shutdown()  # a second shutdown is harmless

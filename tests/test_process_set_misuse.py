@@ -13,20 +13,13 @@ import pytest
 import torch
 
 try:
-    from dist_harness import launch_once
+    from dist_harness import attempt, launch_once
 except ImportError:  # tests/ imported as a package
-    from tests.dist_harness import launch_once
+    from tests.dist_harness import attempt, launch_once
 
 FAST = 10.0  # seconds: "at once" for an error every rank must see
 
 
-def _attempt(fn):
-    start = time.monotonic()
-    try:
-        fn()
-        return None, "", time.monotonic() - start
-    except Exception as e:  # noqa: BLE001  (the test inspects it)
-        return type(e).__name__, str(e), time.monotonic() - start
 
 
 def _outsider_ops(hvd, sub, outsider):
@@ -46,7 +39,7 @@ def _outsider_ops(hvd, sub, outsider):
         "barrier": lambda: hvd.barrier(process_set=sub),
     }
     for what, fn in calls.items():
-        res[what] = _attempt(fn)
+        res[what] = attempt(fn)
     return res
 
 
@@ -62,10 +55,10 @@ def _remove_while_in_use(hvd, order):
         if order == "remove_first":
             time.sleep(0.5)  # rank 1's removal is at the coordinator by now
         h = hvd.allreduce_async(torch.ones(3), name=f"busy.{order}", process_set=busy)
-        out["op"] = _attempt(lambda: hvd.synchronize(h))
+        out["op"] = attempt(lambda: hvd.synchronize(h))
     elif r == last and order == "op_first":
         time.sleep(0.5)  # rank 0's op is at the coordinator by now
-    out["removed"] = _attempt(lambda: hvd.remove_process_set(busy))
+    out["removed"] = attempt(lambda: hvd.remove_process_set(busy))
     out["after"] = hvd.allreduce(torch.ones(1), name=f"after.{order}", op=hvd.Sum)
     return out
 
@@ -108,8 +101,8 @@ def _rank_main():
     # A removed set: the object is invalidated, its id is unknown to the engine.
     set_id = sub.process_set_id
     res["removed"] = hvd.remove_process_set(sub)
-    res["use_removed"] = _attempt(lambda: hvd.allreduce(torch.ones(1), process_set=sub))
-    res["use_removed_id"] = _attempt(lambda: torch.ops.hvd_torch.allreduce(torch.ones(1), "x", 1,
+    res["use_removed"] = attempt(lambda: hvd.allreduce(torch.ones(1), process_set=sub))
+    res["use_removed_id"] = attempt(lambda: torch.ops.hvd_torch.allreduce(torch.ones(1), "x", 1,
                                                                            1.0, 1.0, set_id))
     res["after_remove"] = hvd.allreduce(torch.ones(1), name="after.remove", op=hvd.Sum)
     hvd.shutdown()
