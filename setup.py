@@ -24,7 +24,8 @@ from build_config import cuda_enabled, gloo_paths, nccl_paths  # noqa: E402
 
 
 def sources(with_cuda):
-    patterns = ["csrc/core/*.cc", "csrc/backends/gloo/*.cc", "csrc/torch/*.cc",
+    patterns = ["csrc/core/*.cc", "csrc/backends/*.cc", "csrc/backends/gloo/*.cc",
+                "csrc/backends/shm/*.cc", "csrc/torch/*.cc",
                 "csrc/torch/*.cpp", "csrc/python/*.cpp"]
     if with_cuda:
         patterns += ["csrc/backends/nccl/*.cc", "csrc/backends/nccl/*.cu"]
@@ -47,7 +48,7 @@ def extension():
     cxx_args = ["-O3", "-g0", "-std=c++17", "-fvisibility=hidden"]
     # libgloo first: our Gloo calls must bind to Debian's library, never to
     # the copy inside libtorch_cpu (see docs/architecture.md).
-    libraries = ["gloo"]
+    libraries = ["gloo", "rt"]
     macros = []
     with_cuda = cuda_enabled()
     if not with_cuda:

@@ -99,8 +99,10 @@ cuda_built = _C.cuda_built
 
 
 def gloo_enabled():
-    """True when the running engine moves data with Gloo."""
-    return _C.backend_name() == "gloo" or (is_initialized() and size() == 1)
+    """True when the running engine's controller is hvd-torch's own (Horovod's
+    Gloo controller): data moves through Gloo, or shared memory between the
+    ranks of one host."""
+    return _C.backend_name() in ("gloo", "shm") or (is_initialized() and size() == 1)
 
 
 def mpi_built():

@@ -24,6 +24,14 @@ class StoreClient;
 
 class Backend {
  public:
+  // One tensor of a fused op: `count` elements read at `in`, the result
+  // written at `out` (in may equal out).
+  struct Span {
+    const void* in;
+    void* out;
+    size_t count;
+  };
+
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   // In place over all ranks. op is Sum, Min, Max or Product (the engine does
@@ -38,6 +46,25 @@ class Backend {
   virtual void alltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
                          const std::vector<int64_t>& recv_counts, DataType dtype) = 0;
   virtual void barrier() = 0;
+
+  // Direct forms, for a host backend that can read every input and write
+  // every output itself (no fusion buffer, no copy into the output first).
+  // false: not offered; the executor packs a buffer and calls the forms above.
+  //
+  // Reduces the concatenation of the spans' inputs over all ranks into their
+  // outputs; each rank's input counts times prescale, the result is
+  // multiplied by postscale (scaleBuffer's rules). op: as allreduce().
+  virtual bool allreduceSpans(const std::vector<Span>& /*spans*/, DataType /*dtype*/,
+                              ReduceOp /*op*/, double /*prescale*/, double /*postscale*/) {
+    return false;
+  }
+  // `in` holds counts[r] elements for each rank r, in rank order; `out`
+  // receives this rank's block reduced over all ranks, scaled as above.
+  virtual bool reducescatter(const void* /*in*/, void* /*out*/,
+                             const std::vector<size_t>& /*counts*/, DataType /*dtype*/,
+                             ReduceOp /*op*/, double /*prescale*/, double /*postscale*/) {
+    return false;
+  }
   // Called once the job is known to be broken: a device backend stops work
   // that waits on the dead peer (it would otherwise spin on the GPU forever).
   virtual void abort() {}

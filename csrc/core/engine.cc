@@ -79,6 +79,14 @@ void Engine::connect(const BackendFactory& make_backend, uint64_t generation) {
   process_sets_.find(0, &global.ranks);
   global.index = topology_.rank;
   global.executor = Executor(backend_.get(), topology_.size, topology_.rank);
+  std::lock_guard<std::mutex> lock(mu_);
+  backend_names_[0] = backendName();
+}
+
+std::string Engine::backendName(int32_t process_set) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = backend_names_.find(process_set);
+  return it == backend_names_.end() ? "" : it->second;
 }
 
 void Engine::openProcessSet(int32_t id, const std::vector<int64_t>& ranks64) {
@@ -98,6 +106,10 @@ void Engine::openProcessSet(int32_t id, const std::vector<int64_t>& ranks64) {
     rt.backend = make_backend_(sub, config_, *store_, prefix_ + "set" + std::to_string(id) + "/");
   }
   rt.executor = Executor(rt.backend.get(), static_cast<int>(ranks.size()), index, ranks);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    backend_names_[id] = rt.backend ? rt.backend->name() : "local";
+  }
   runtimes_[id] = std::move(rt);
 }
 
@@ -413,14 +425,20 @@ void Engine::takeSubmissions() {
       e.ready.reset();
     }
     // Inline data flows through rank 0, which receives and sends (size - 1)
-    // copies: worth it while that traffic stays below the threshold. Device
-    // memory never goes inline (the host cannot read it).
+    // copies: worth it while that traffic stays below the threshold. The
+    // threshold bounds everything this rank has in flight inline, not one op:
+    // a burst of ops (a gradient set) takes the collective path, where the
+    // coordinator fuses them, instead of queueing behind rank 0's socket.
+    // Device memory never goes inline (the host cannot read it).
     const bool reduces = e.request.type == OpType::kAllreduce ||
                          e.request.type == OpType::kReducescatter;
+    const size_t traffic = e.request.numBytes() * static_cast<size_t>(set_size - 1);
     if (reduces && set_size > 1 && e.request.plane != Plane::kDevice &&
-        e.request.numBytes() * (set_size - 1) <= config_.inline_threshold) {
+        inline_in_flight_ + traffic <= config_.inline_threshold) {
       a.has_inline = true;
       a.inline_data.assign(static_cast<const char*>(e.input), e.request.numBytes());
+      e.inline_traffic = traffic;
+      inline_in_flight_ += traffic;
     }
     arrivals.push_back(std::move(a));
     pending_.emplace(key, std::move(e));
@@ -609,6 +627,8 @@ void Engine::run(const Response& response) {
         const int32_t id = static_cast<int32_t>(entries[0]->request.splits.at(0));
         process_sets_.remove(id);
         runtimes_.erase(id);
+        std::lock_guard<std::mutex> lock(mu_);
+        backend_names_.erase(id);
       }
       break;
     case Response::kExecute:
@@ -637,6 +657,7 @@ void Engine::run(const Response& response) {
         config_.cache_capacity > 0) {
       rank_cache_.remember(RankCache::key(e->request), response.cache_ids[i]);
     }
+    inline_in_flight_ -= e->inline_traffic;
     e->work->complete(status);
     pending_.erase(tableKey(response.process_set, response.names[i]));
   }
@@ -733,6 +754,7 @@ void Engine::fail(const Status& status) {
   }
   for (auto& [name, e] : pending_) e.work->complete(status);
   pending_.clear();
+  inline_in_flight_ = 0;
   for (Entry& e : queued) e.work->complete(status);
   workers_.clear();
   to_coordinator_.reset();

@@ -68,6 +68,9 @@ class Engine {
 
   const Topology& topology() const { return topology_; }
   const char* backendName() const { return backend_ ? backend_->name() : "local"; }
+  // The data plane of a process set this rank is in ("shm", "gloo", "local"
+  // for one rank); "" for a set it is not in.
+  std::string backendName(int32_t process_set) const;
   const EngineConfig& config() const { return config_; }
   // Every registered process set (any thread may read it).
   const ProcessSetTable& processSets() const { return process_sets_; }
@@ -120,18 +123,20 @@ class Engine {
   std::unordered_map<int32_t, SetRuntime> runtimes_;  // background thread only
 
   // Submission queue: the only state shared with user threads.
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::deque<Entry> queue_;
   bool stopping_ = false;
   Status broken_;  // not ok once a peer failed: every later op fails with it
   // Names submitted and not yet completed, by tableKey(process set, name).
   std::unordered_map<std::string, std::weak_ptr<Work>> in_flight_;
+  std::unordered_map<int32_t, std::string> backend_names_;  // by process set
   size_t sweep_in_flight_at_ = 64;
   int wake_fd_ = -1;
   std::thread thread_;
 
   // Background thread state.
   std::unordered_map<std::string, Entry> pending_;  // by tableKey(process set, name)
+  size_t inline_in_flight_ = 0;  // inline traffic of pending_ (see takeSubmissions)
   RankCache rank_cache_;
   bool joined_ = false;  // this rank called join() and waits for the others
   std::unique_ptr<Coordinator> coordinator_;           // rank 0 only

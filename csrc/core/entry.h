@@ -24,6 +24,8 @@ struct Entry {
   // Plane::kDevice makes the device's stream wait.
   std::shared_ptr<DeviceEvent> ready;
   std::shared_ptr<Work> work;
+  // Bytes this op sends through rank 0 on the inline path (0: not inline).
+  size_t inline_traffic = 0;
   // Whatever owns input/output (tensors); released after completion.
   std::shared_ptr<void> keep_alive;
 };

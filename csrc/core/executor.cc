@@ -46,26 +46,33 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
   }
 }
 
-// Reduces the whole tensor, then keeps this rank's rows. Gloo 0.5 has no
-// reduce-scatter for arbitrary counts; this moves twice the bytes of a ring
-// reduce-scatter (an allreduce is a reduce-scatter plus an allgather).
 void Executor::reducescatter(Entry& e, int divisor) {
   const Request& q = e.request;
   const size_t n = static_cast<size_t>(q.numElements());
+  const ReduceOp op = q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op;
+  const double post = postscaleFactor(q.reduce_op, divisor, q.postscale);
+  const RowSlice mine = reducescatterSlice(q.shape[0], size_, rank_);
+  const size_t row_bytes = static_cast<size_t>(q.rowElements()) * dataTypeSize(q.dtype);
+  char* out = static_cast<char*>(e.allocate(mine.rows));
+  if (backend_ != nullptr && n > 0) {
+    std::vector<size_t> counts(size_);
+    for (int r = 0; r < size_; ++r) {
+      counts[r] = static_cast<size_t>(reducescatterSlice(q.shape[0], size_, r).rows *
+                                      q.rowElements());
+    }
+    if (backend_->reducescatter(e.input, out, counts, q.dtype, op, q.prescale, post)) return;
+  }
+  // No direct form (Gloo 0.5 has no reduce-scatter for arbitrary counts):
+  // reduce the whole tensor, then keep this rank's rows, which moves twice
+  // the bytes of a reduce-scatter.
   const size_t bytes = q.numBytes();
   char* buf = static_cast<char*>(memory_->scratch(bytes));
   memory_->copy(buf, e.input, bytes);
   memory_->scale(buf, n, q.dtype, q.prescale);
-  if (backend_ != nullptr && n > 0) {
-    backend_->allreduce(buf, n, q.dtype,
-                        q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op);
-  }
-  const RowSlice mine = reducescatterSlice(q.shape[0], size_, rank_);
-  const size_t row_bytes = static_cast<size_t>(q.rowElements()) * dataTypeSize(q.dtype);
-  char* out = static_cast<char*>(e.allocate(mine.rows));
+  if (backend_ != nullptr && n > 0) backend_->allreduce(buf, n, q.dtype, op);
   char* slice = buf + mine.offset * row_bytes;
   const size_t count = static_cast<size_t>(mine.rows * q.rowElements());
-  memory_->scale(slice, count, q.dtype, postscaleFactor(q.reduce_op, divisor, q.postscale));
+  memory_->scale(slice, count, q.dtype, post);
   memory_->copy(out, slice, count * dataTypeSize(q.dtype));
 }
 
@@ -98,6 +105,18 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
   const size_t elem = dataTypeSize(q.dtype);
   size_t total = 0;
   for (Entry* e : entries) total += static_cast<size_t>(e->request.numElements());
+  const ReduceOp op = q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op;
+  const double post = postscaleFactor(q.reduce_op, divisor, q.postscale);
+  if (backend_ != nullptr && total > 0) {
+    // A backend that reads the inputs and writes the outputs itself needs
+    // neither the fusion buffer nor a first copy into the output.
+    std::vector<Backend::Span> spans;
+    spans.reserve(entries.size());
+    for (Entry* e : entries) {
+      spans.push_back({e->input, e->output, static_cast<size_t>(e->request.numElements())});
+    }
+    if (backend_->allreduceSpans(spans, q.dtype, op, q.prescale, post)) return;
+  }
 
   // One tensor reduces in its own output buffer; several are packed into the
   // fusion buffer so the backend runs one collective for all of them.
@@ -114,11 +133,8 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
     }
   }
   memory_->scale(buf, total, q.dtype, q.prescale);
-  if (backend_ != nullptr && total > 0) {
-    backend_->allreduce(buf, total, q.dtype,
-                        q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op);
-  }
-  memory_->scale(buf, total, q.dtype, postscaleFactor(q.reduce_op, divisor, q.postscale));
+  if (backend_ != nullptr && total > 0) backend_->allreduce(buf, total, q.dtype, op);
+  memory_->scale(buf, total, q.dtype, post);
   if (entries.size() > 1) {
     size_t off = 0;
     for (Entry* e : entries) {

@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "../backends/gloo/gloo_backend.h"
+#include "../backends/host_backend.h"
 #include "../core/engine_registry.h"
 #include "../torch/adapter.h"
 #include "../torch/device_io.h"
@@ -25,7 +26,7 @@ void init() {
   std::shared_ptr<hvd::Engine> engine;
   {
     pybind11::gil_scoped_release no_gil;  // the rendezvous waits on peers
-    engine = hvd::Engine::start(topo, config, hvd::makeGlooBackend, hvd::nextGeneration(),
+    engine = hvd::Engine::start(topo, config, hvd::makeHostBackend, hvd::nextGeneration(),
                                 hvd::torch_layer::devicePlaneFactory());
   }
   hvd::torch_layer::resetNameCounter();
@@ -53,10 +54,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("local_size", [] { return topology("local_size").local_size; });
   m.def("cross_rank", [] { return topology("cross_rank").cross_rank; });
   m.def("cross_size", [] { return topology("cross_size").cross_size; });
-  m.def("backend_name", [] {
-    auto engine = currentEngine();
-    return std::string(engine ? engine->backendName() : "");
-  });
+  m.def(
+      "backend_name",
+      [](int32_t process_set_id) {
+        auto engine = currentEngine();
+        return engine ? engine->backendName(process_set_id) : std::string();
+      },
+      "The data plane of a process set: shm, gloo or local ('' when not a member).",
+      pybind11::arg("process_set_id") = 0);
   // Process sets: the registry lives in the engine; Python keeps the objects.
   m.def("add_process_set", [](const std::vector<int64_t>& ranks) {
     pybind11::gil_scoped_release no_gil;  // a collective: waits for every rank
@@ -77,6 +82,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("gloo_library_path", &hvd::glooLibraryPath);
   m.def("gloo_built", [] { return true; });
+  m.def("shm_built", [] { return true; });
   // What this build compiled, decided once by setup.py (cuda_enabled, nccl_paths).
 #ifdef HVD_TORCH_WITH_NCCL
   m.def("nccl_built", [] { return true; });

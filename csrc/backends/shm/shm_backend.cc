@@ -1,0 +1,343 @@
+#include "shm_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+#include "../../core/reduce.h"
+#include "../../core/store_client.h"
+
+namespace hvd {
+
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kLine = 64;
+
+size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// The tensors of a fused op seen as one array: copies a range of it out of
+// the inputs or into the outputs.
+class SpanList {
+ public:
+  SpanList(const std::vector<Backend::Span>& spans, size_t elem) : spans_(spans), elem_(elem) {
+    starts_.reserve(spans.size());
+    size_t total = 0;
+    for (const auto& s : spans) {
+      starts_.push_back(total);
+      total += s.count;
+    }
+    total_ = total;
+  }
+  size_t total() const { return total_; }
+
+  void read(size_t first, size_t count, char* dst) const {
+    walk(first, count, [&](const Backend::Span& s, size_t at, size_t n) {
+      std::memcpy(dst, static_cast<const char*>(s.in) + at * elem_, n * elem_);
+      dst += n * elem_;
+    });
+  }
+  void write(size_t first, size_t count, const char* src) const {
+    walk(first, count, [&](const Backend::Span& s, size_t at, size_t n) {
+      std::memcpy(static_cast<char*>(s.out) + at * elem_, src, n * elem_);
+      src += n * elem_;
+    });
+  }
+
+ private:
+  template <typename Fn>
+  void walk(size_t first, size_t count, Fn fn) const {
+    if (count == 0) return;
+    size_t i = std::upper_bound(starts_.begin(), starts_.end(), first) - starts_.begin() - 1;
+    while (count > 0) {
+      const size_t at = first - starts_[i];
+      const size_t n = std::min(count, spans_[i].count - at);
+      if (n > 0) fn(spans_[i], at, n);
+      first += n;
+      count -= n;
+      ++i;
+    }
+  }
+
+  const std::vector<Backend::Span>& spans_;
+  size_t elem_;
+  std::vector<size_t> starts_;
+  size_t total_ = 0;
+};
+
+// Rank r's range of an array of `total` elements cut into `parts` parts.
+struct Part {
+  size_t first;
+  size_t count;
+};
+Part partOf(size_t total, int parts, int r) {
+  // Parts start on cache-line multiples, so two ranks never write one line.
+  const size_t per = roundUp((total + parts - 1) / parts, 64);
+  const size_t first = std::min(total, per * r);
+  return {first, std::min(total, first + per) - first};
+}
+
+}  // namespace
+
+size_t ShmBackend::segmentBytes(int ranks, size_t slot_bytes) {
+  return roundUp(ShmControl::bytes(ranks), kPage) + 2 * (ranks + 1) * slot_bytes;
+}
+
+ShmBackend::ShmBackend(ShmSegment segment, size_t slot_bytes, int rank,
+                       const std::vector<int>& pids, const std::vector<int>& ranks,
+                       const EngineConfig& config)
+    : segment_(std::move(segment)),
+      control_(reinterpret_cast<ShmControl*>(segment_.data())),
+      data_(segment_.data() + roundUp(ShmControl::bytes(static_cast<int>(pids.size())), kPage)),
+      slot_bytes_(slot_bytes),
+      rank_(rank),
+      size_(static_cast<int>(pids.size())),
+      sync_(control_, rank, pids, ranks, config.engine_spin, config.op_timeout) {}
+
+char* ShmBackend::slot(int buffer, int rank) const {
+  return data_ + (static_cast<size_t>(buffer) * (size_ + 1) + rank) * slot_bytes_;
+}
+
+char* ShmBackend::result(int buffer) const { return slot(buffer, size_); }
+
+void ShmBackend::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) {
+  allreduceSpans({{buf, buf, count}}, dtype, op, 1.0, 1.0);
+}
+
+bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
+                                double prescale, double postscale) {
+  const size_t elem = dataTypeSize(dtype);
+  const SpanList list(spans, elem);
+  const ReduceFn reduce = reduceFunction(dtype, op);
+  // A piece: what one rank contributes to one part in one round.
+  const size_t piece = std::max<size_t>(1, slot_bytes_ / size_ / kLine * kLine / elem);
+  const Part mine = partOf(list.total(), size_, rank_);
+  const size_t longest = partOf(list.total(), size_, 0).count;
+  for (size_t done = 0; done < longest; done += piece) {
+    const int b = nextBuffer();
+    char* in = slot(b, rank_);
+    for (int r = 0; r < size_; ++r) {
+      const Part p = partOf(list.total(), size_, r);
+      if (done >= p.count) continue;
+      char* dst = in + r * piece * elem;
+      const size_t n = std::min(piece, p.count - done);
+      list.read(p.first + done, n, dst);
+      scaleBuffer(dst, n, dtype, prescale);
+    }
+    sync_.barrier("allreduce");
+    if (done < mine.count) {
+      const size_t n = std::min(piece, mine.count - done);
+      const size_t at = rank_ * piece * elem;
+      char* acc = result(b) + at;
+      // Every rank sums in rank order, so results are identical everywhere.
+      reduce(acc, slot(b, 0) + at, slot(b, 1) + at, n);
+      for (int s = 2; s < size_; ++s) reduce(acc, acc, slot(b, s) + at, n);
+      scaleBuffer(acc, n, dtype, postscale);
+    }
+    sync_.barrier("allreduce");
+    for (int r = 0; r < size_; ++r) {
+      const Part p = partOf(list.total(), size_, r);
+      if (done >= p.count) continue;
+      list.write(p.first + done, std::min(piece, p.count - done), result(b) + r * piece * elem);
+    }
+  }
+  return true;
+}
+
+bool ShmBackend::reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
+                               DataType dtype, ReduceOp op, double prescale, double postscale) {
+  const size_t elem = dataTypeSize(dtype);
+  const ReduceFn reduce = reduceFunction(dtype, op);
+  const size_t piece = std::max<size_t>(1, slot_bytes_ / size_ / kLine * kLine / elem);
+  std::vector<size_t> first(size_, 0);
+  for (int r = 1; r < size_; ++r) first[r] = first[r - 1] + counts[r - 1];
+  const size_t longest = *std::max_element(counts.begin(), counts.end());
+  const char* src = static_cast<const char*>(in);
+  for (size_t done = 0; done < longest; done += piece) {
+    const int b = nextBuffer();
+    for (int r = 0; r < size_; ++r) {
+      if (done >= counts[r]) continue;
+      char* dst = slot(b, rank_) + r * piece * elem;
+      const size_t n = std::min(piece, counts[r] - done);
+      std::memcpy(dst, src + (first[r] + done) * elem, n * elem);
+      scaleBuffer(dst, n, dtype, prescale);
+    }
+    // One barrier a round: the next write to this buffer comes two rounds
+    // on, after every rank has passed the next round's barrier.
+    sync_.barrier("reducescatter");
+    if (done < counts[rank_]) {
+      const size_t n = std::min(piece, counts[rank_] - done);
+      const size_t at = rank_ * piece * elem;
+      char* acc = static_cast<char*>(out) + done * elem;
+      reduce(acc, slot(b, 0) + at, slot(b, 1) + at, n);
+      for (int s = 2; s < size_; ++s) reduce(acc, acc, slot(b, s) + at, n);
+      scaleBuffer(acc, n, dtype, postscale);
+    }
+  }
+  return true;
+}
+
+void ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                            DataType dtype) {
+  const size_t elem = dataTypeSize(dtype);
+  std::vector<size_t> first(size_, 0);
+  for (int r = 1; r < size_; ++r) first[r] = first[r - 1] + counts[r - 1];
+  char* dst = static_cast<char*>(out);
+  const size_t mine = counts[rank_] * elem;
+  if (dst + first[rank_] * elem != in) std::memmove(dst + first[rank_] * elem, in, mine);
+  const size_t longest = *std::max_element(counts.begin(), counts.end()) * elem;
+  const char* src = static_cast<const char*>(in);
+  for (size_t done = 0; done < longest; done += slot_bytes_) {
+    const int b = nextBuffer();
+    if (done < mine) std::memcpy(slot(b, rank_), src + done, std::min(slot_bytes_, mine - done));
+    sync_.barrier("allgather");
+    for (int r = 0; r < size_; ++r) {
+      const size_t bytes = counts[r] * elem;
+      if (r == rank_ || done >= bytes) continue;
+      std::memcpy(dst + first[r] * elem + done, slot(b, r), std::min(slot_bytes_, bytes - done));
+    }
+  }
+}
+
+void ShmBackend::broadcast(void* buf, size_t count, DataType dtype, int root) {
+  const size_t bytes = count * dataTypeSize(dtype);
+  // The root fills a whole buffer (every slot of it) per round.
+  const size_t chunk = (size_ + 1) * slot_bytes_;
+  char* data = static_cast<char*>(buf);
+  for (size_t done = 0; done < bytes; done += chunk) {
+    const int b = nextBuffer();
+    const size_t n = std::min(chunk, bytes - done);
+    if (rank_ == root) std::memcpy(slot(b, 0), data + done, n);
+    sync_.barrier("broadcast");
+    if (rank_ != root) std::memcpy(data + done, slot(b, 0), n);
+  }
+}
+
+uint64_t ShmBackend::maxOverRanks(uint64_t value, const char* what) {
+  const int b = nextBuffer();
+  std::memcpy(slot(b, rank_), &value, sizeof(value));
+  sync_.barrier(what);
+  uint64_t most = 0;
+  for (int r = 0; r < size_; ++r) {
+    uint64_t v;
+    std::memcpy(&v, slot(b, r), sizeof(v));
+    most = std::max(most, v);
+  }
+  return most;
+}
+
+void ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                           const std::vector<int64_t>& recv_counts, DataType dtype) {
+  const size_t elem = dataTypeSize(dtype);
+  std::vector<size_t> send_first(size_, 0), recv_first(size_, 0);
+  for (int r = 1; r < size_; ++r) {
+    send_first[r] = send_first[r - 1] + send_counts[r - 1] * elem;
+    recv_first[r] = recv_first[r - 1] + recv_counts[r - 1] * elem;
+  }
+  // Each slot holds one piece per destination.
+  const size_t piece = std::max<size_t>(kLine, slot_bytes_ / size_ / kLine * kLine);
+  uint64_t longest = 0;
+  for (int r = 0; r < size_; ++r) longest = std::max<uint64_t>(longest, send_counts[r] * elem);
+  longest = maxOverRanks(longest, "alltoall");
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  for (size_t done = 0; done < longest; done += piece) {
+    const int b = nextBuffer();
+    for (int d = 0; d < size_; ++d) {
+      const size_t bytes = send_counts[d] * elem;
+      if (done < bytes) {
+        std::memcpy(slot(b, rank_) + d * piece, src + send_first[d] + done,
+                    std::min(piece, bytes - done));
+      }
+    }
+    sync_.barrier("alltoall");
+    for (int s = 0; s < size_; ++s) {
+      const size_t bytes = recv_counts[s] * elem;
+      if (done < bytes) {
+        std::memcpy(dst + recv_first[s] + done, slot(b, s) + rank_ * piece,
+                    std::min(piece, bytes - done));
+      }
+    }
+  }
+}
+
+void ShmBackend::barrier() { sync_.barrier("barrier"); }
+
+namespace {
+
+// What a member says about itself before the set decides.
+std::string describeSelf(const EngineConfig& config) {
+  const bool wanted = envInt("HVD_TORCH_SHM", 1) != 0;
+  return std::string(wanted ? "1" : "0") + "|" + config.hostname + "|" + shmHostIdentity();
+}
+
+std::string uniqueName() {
+  std::random_device rd;
+  return "/hvd_torch." + std::to_string(::getpid()) + "." + std::to_string(rd()) +
+         std::to_string(rd());
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> tryShmBackend(const Topology& topology, const EngineConfig& config,
+                                       StoreClient& store, const std::string& prefix) {
+  const int n = topology.size;
+  const int me = topology.rank;
+  const auto timeout = config.start_timeout;
+  const std::string key = prefix + "shm/";
+  // 1. Every member's host, namespaces and wish: shm only if all agree.
+  store.set(key + "self/" + std::to_string(me), describeSelf(config) + "|" +
+                                                    std::to_string(::getpid()));
+  std::vector<int> pids(n);
+  std::string common;
+  bool same = true;
+  for (int r = 0; r < n; ++r) {
+    std::string v = store.get(key + "self/" + std::to_string(r), timeout);
+    const size_t bar = v.rfind('|');
+    pids[r] = std::stoi(v.substr(bar + 1));
+    v.resize(bar);
+    if (r == 0) common = v;
+    same = same && v == common && v[0] == '1';
+  }
+  if (!same) return nullptr;
+  // 2. Rank 0 makes the segment; the others map it; rank 0 unlinks the name
+  // once all have it (or gives up), and says whether everyone got it.
+  const size_t slot_bytes =
+      roundUp(static_cast<size_t>(envInt("HVD_TORCH_SHM_SLOT_BYTES", 256 << 10)), kLine);
+  const size_t bytes = ShmBackend::segmentBytes(n, slot_bytes);
+  ShmSegment segment;
+  bool ok = ShmSync::canWatch(pids, me);
+  if (me == 0) {
+    std::string name = uniqueName();
+    try {
+      if (ok) segment = ShmSegment::create(name, bytes);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    if (!ok) name.clear();
+    store.set(key + "name", name);
+    for (int r = 1; r < n; ++r) {
+      ok = store.get(key + "mapped/" + std::to_string(r), timeout) == "1" && ok;
+    }
+    segment.unlink();
+    store.set(key + "verdict", ok ? "1" : "0");
+  } else {
+    const std::string name = store.get(key + "name", timeout);
+    try {
+      if (ok && !name.empty()) segment = ShmSegment::open(name, bytes);
+    } catch (const std::exception&) {
+    }
+    ok = ok && segment.data() != nullptr;
+    store.set(key + "mapped/" + std::to_string(me), ok ? "1" : "0");
+    ok = store.get(key + "verdict", timeout) == "1";
+  }
+  if (!ok) return nullptr;
+  std::vector<int> positions(n);
+  for (int r = 0; r < n; ++r) positions[r] = r;
+  return std::make_unique<ShmBackend>(std::move(segment), slot_bytes, me, pids, positions, config);
+}
+
+}  // namespace hvd
