@@ -163,3 +163,24 @@ def test_hvdrun_timeline_flags(tmp_path):
     phases = [p for p in _phases(_rows(events)["grad"]) if p[0] == "B"]
     assert phases.count(("B", "NEGOTIATE_ALLREDUCE")) == 3, phases
     assert any(e.get("name") == "CYCLE_START" for e in events)
+
+
+def test_timeline_of_the_digits_example(tmp_path):
+    """examples/digits_train.py under hvdrun --timeline-filename: every parameter's
+    gradient allreduce has its row, negotiated once per step on both ranks."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvdrun", "-np", "2", "--timeline-filename", "digits.json",
+         sys.executable, str(ROOT / "examples" / "digits_train.py"), "--epochs", "1",
+         "--checkpoint", str(tmp_path / "ckpt.pt")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(json.loads((tmp_path / "digits.json").read_text()))
+    params = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+              "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    for p in params:
+        assert f"broadcast.{p}" in rows, sorted(rows)
+        phases = _phases(rows[f"allreduce.{p}"])
+        steps = phases.count(("B", "NEGOTIATE_ALLREDUCE"))
+        assert steps == 24, (p, steps)  # 1498 images / (2 ranks x 32) = 24 steps
+        assert phases.count(("X", "0")) == phases.count(("X", "1")) == steps
