@@ -33,6 +33,7 @@ from hvd_torch.process_sets import (  # noqa: F401
     ProcessSet, add_process_set, global_process_set, remove_process_set,
 )
 from hvd_torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
+from hvd_torch.timeline import start_timeline, stop_timeline  # noqa: F401
 from hvd_torch import elastic  # noqa: F401
 
 __version__ = "0.1.0"

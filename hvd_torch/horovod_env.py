@@ -38,6 +38,15 @@ HONOURED = {
     "HOROVOD_ELASTIC": "set to 1 by the elastic launcher; scripts may read it",
     "HOROVOD_GPU_OPERATIONS": "NCCL or GLOO (host-staged): how CUDA tensors move (hvd_torch/gpu.py)",
     "HOROVOD_GLOO_IFACE": "network interface for the control plane and Gloo across hosts",
+    # docs/toolbox.md, "Timeline" and "Autotune".
+    "HOROVOD_TIMELINE": "rank 0 writes a Chrome-trace timeline to this path (DYNAMIC: none yet)",
+    "HOROVOD_TIMELINE_MARK_CYCLES": "1: a CYCLE_START instant per batch of dispatched responses",
+    "HOROVOD_AUTOTUNE": "1: rank 0 tunes the fusion and inline thresholds online",
+    "HOROVOD_AUTOTUNE_LOG": "CSV file of the autotuner's trials (rank 0)",
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "samples of steps ignored before the first trial",
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "training steps scored per trial",
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "most trials (the search is a grid, not Bayesian)",
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "accepted and unused (no Gaussian process)",
 }
 
 # Values that describe what hvd-torch always does: accepted (value -> reason);
@@ -50,8 +59,6 @@ ACCEPTED_VALUES = {
     "HOROVOD_HIERARCHICAL_ALLREDUCE": ({"0", ""}, "allreduce is never hierarchical"),
     "HOROVOD_HIERARCHICAL_ALLGATHER": ({"0", ""}, "allgather is never hierarchical"),
     "HOROVOD_TORUS_ALLREDUCE": ({"0", ""}, "allreduce is never a torus"),
-    "HOROVOD_AUTOTUNE": ({"0", ""}, "there is no autotuner"),
-    "HOROVOD_TIMELINE_MARK_CYCLES": ({"0", ""}, "there is no timeline and no cycle"),
     "HOROVOD_DISABLE_GROUP_FUSION": ({"0", ""}, "grouped ops fuse with others"),
     "HOROVOD_ENABLE_ASYNC_COMPLETION": ({"0", ""}, "CPU ops complete on the engine thread"),
     "HOROVOD_DISABLE_NVTX_RANGES": (None, "there are no NVTX ranges"),
@@ -69,12 +76,6 @@ ACCEPTED_VALUES = {
 # Asks for something hvd-torch does not have: refused whenever set (and not
 # empty), with what to do instead.
 REFUSED = {
-    "HOROVOD_TIMELINE": "writes a Chrome-trace timeline; hvd-torch has no timeline yet",
-    "HOROVOD_AUTOTUNE_LOG": "autotuner log; hvd-torch has no autotuner",
-    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "autotuner setting; hvd-torch has no autotuner",
-    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "autotuner setting; hvd-torch has no autotuner",
-    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "autotuner setting; hvd-torch has no autotuner",
-    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "autotuner setting; hvd-torch has no autotuner",
     "HOROVOD_CYCLE_TIME": ("background cycle in ms; hvd-torch has no cycle: an op is negotiated "
                            "the moment it is submitted, and ops submitted while a collective "
                            "runs are fused"),

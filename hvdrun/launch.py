@@ -20,7 +20,7 @@ import dataclasses
 import os
 import sys
 
-from .args import UsageError, positive_float, positive_int
+from .args import ENGINE_FLAGS, ENGINE_VALUED, UsageError, engine_env, positive_float, positive_int
 from .elastic_launch import parse_elastic_options, run_elastic
 from .hosts import parse_host_list, parse_hostfile, place_ranks
 from .node_launch import parse_node_options, run_node
@@ -50,6 +50,15 @@ usage: {PROG} -np N [-H HOSTS | --hostfile F] [options] command [args...]
                           ssh reachability check (HOROVOD_START_TIMEOUT; default 30)
   -h, --help              show this help
 
+timeline and autotune (docs/toolbox.md):
+  --timeline-filename F   rank 0 writes a Chrome-trace timeline to F (HOROVOD_TIMELINE)
+  --timeline-mark-cycles  mark each batch of dispatched responses (HOROVOD_TIMELINE_MARK_CYCLES)
+  --autotune              tune the fusion and inline thresholds online (HOROVOD_AUTOTUNE)
+  --autotune-log-file F   CSV of the autotuner's trials (HOROVOD_AUTOTUNE_LOG)
+  --autotune-warmup-samples N, --autotune-steps-per-sample N,
+  --autotune-bayes-opt-max-samples N (most trials),
+  --autotune-gaussian-process-noise X (accepted, unused): HOROVOD_AUTOTUNE_* as named
+
 per-node mode (a scheduler starts one hvdrun per node; docs/multihost.md):
   --nnodes N              number of nodes (default: SLURM_JOB_NUM_NODES under srun)
   --node-rank R           this node's index, 0..N-1 (default: SLURM_NODEID)
@@ -74,15 +83,12 @@ elastic mode (any of --min-np, --max-np, --host-discovery-script; docs/elastic.m
 # horovodrun flags that we know and do not implement yet.
 _UNSUPPORTED = {
     "--mpi", "--jsm", "--mpi-args", "--blacklist-cooldown-range", "--tcp",
-    "--timeline-filename", "--timeline-mark-cycles", "--output-filename",
+    "--output-filename",
     "--log-level", "--log-with-timestamp", "--log-without-timestamp",
     "--log-hide-timestamp", "--prefix-output-with-timestamp", "--config-file",
     "--disable-cache", "--fusion-threshold-mb", "--cycle-time-ms",
     "--cache-capacity", "--hierarchical-allreduce", "--no-hierarchical-allreduce",
-    "--hierarchical-allgather", "--no-hierarchical-allgather", "--autotune",
-    "--autotune-log-file", "--autotune-warmup-samples",
-    "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples",
-    "--autotune-gaussian-process-noise", "--no-stall-check",
+    "--hierarchical-allgather", "--no-hierarchical-allgather", "--no-stall-check",
     "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
     "--mpi-threads-disable", "--num-nccl-streams", "--thread-affinity",
     "--gloo-timeout-seconds", "--nics", "--binding-args", "--check-build", "-cb",
@@ -145,6 +151,7 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
     values: dict[str, str] = {}
     repeated: dict[str, list[str]] = {}
     flags: set[str] = set()
+    engine_values: dict[str, str] = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -158,7 +165,7 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
             return None
         if name in _UNSUPPORTED:
             raise UsageError(f"{name} is not supported yet by {PROG}")
-        if name in _VALUED or name in _REPEATED:
+        if name in _VALUED or name in _REPEATED or name in ENGINE_VALUED:
             if not eq:
                 if i + 1 >= len(argv):
                     raise UsageError(f"{name} needs a value")
@@ -166,9 +173,11 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
                 inline = argv[i]
             if name in _VALUED:
                 values[_VALUED[name]] = inline
+            elif name in ENGINE_VALUED:
+                engine_values[name] = inline
             else:
                 repeated.setdefault(_REPEATED[name], []).append(inline)
-        elif name in _FLAGS:
+        elif name in _FLAGS or name in ENGINE_FLAGS:
             if eq:
                 raise UsageError(f"{name} takes no value")
             flags.add(name)
@@ -192,6 +201,7 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
         if not key:
             raise UsageError(f"-x needs NAME or NAME=VALUE, got {item!r}")
         opts.extra_env[key] = value if eq else None
+    opts.extra_env.update(engine_env(engine_values, flags & set(ENGINE_FLAGS)))
     if "hosts" in values and "hostfile" in values:
         raise UsageError("give either -H/--hosts or --hostfile, not both")
     if "hostfile" in values:

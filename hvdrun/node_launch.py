@@ -207,6 +207,7 @@ def _run(opts, n: NodeOptions, client: KVStoreClient, procs, received, timeout: 
         )  # fmt: skip
         if opts.iface:
             env["HOROVOD_GLOO_IFACE"] = opts.iface
+        env.update({k: v for k, v in opts.extra_env.items() if v is not None})  # -x, --autotune, ...
         infos.append(RankInfo(rank, hostname, remote=False))
         try:
             procs.start(rank, opts.command, env)

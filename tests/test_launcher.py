@@ -197,7 +197,7 @@ def test_command_not_found(capsys, launch):
     "flags",
     [
         ["--mpi"], ["--blacklist-cooldown-range", "10", "100"],
-        ["--tcp"], ["--timeline-filename", "t.json"],
+        ["--tcp"], ["--cycle-time-ms", "5"],
         ["--output-filename", "out"], ["--log-level", "INFO"], ["--config-file", "c.yaml"],
         ["--jsm"], ["--mpi-args=-x FOO"], ["--disable-cache"], ["--fusion-threshold-mb", "32"],
     ],

@@ -255,5 +255,5 @@ def test_soak_100k_small_ops_without_growth():
     out = run_ranks(_soak, 2, args=(100_000,), env={"HVD_TORCH_INLINE_THRESHOLD": "0"},
                     timeout=600)
     for rank, rss_growth, fd_growth in out:
-        assert fd_growth == 0, (rank, fd_growth)
+        assert fd_growth <= 0, (rank, fd_growth)
         assert rss_growth < 4 << 20, (rank, rss_growth)

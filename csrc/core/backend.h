@@ -49,7 +49,9 @@ class Backend {
 
   // Direct forms, for a host backend that can read every input and write
   // every output itself (no fusion buffer, no copy into the output first).
-  // false: not offered; the executor packs a buffer and calls the forms above.
+  // Offered when directForms() is true; otherwise they return false and the
+  // executor packs a buffer and calls the forms above.
+  virtual bool directForms() const { return false; }
   //
   // Reduces the concatenation of the spans' inputs over all ranks into their
   // outputs; each rank's input counts times prescale, the result is

@@ -103,6 +103,8 @@ std::string Coordinator::add(Arrival arrival) {
            std::to_string(arrival.rank);
   }
   p.arrived[arrival.rank] = true;
+  p.last_rank = arrival.rank;
+  if (timeline_ && timeline_->active()) traceArrival(p, arrival.request, arrival.rank);
   p.by_rank[arrival.rank] = std::move(arrival);
   ++p.count;
   if (!removing_.empty() && failIfStranded(key)) return "";
@@ -143,6 +145,7 @@ bool Coordinator::failIfStranded(const std::string& key) {
             rankList(waiting) +
             " did); every rank must finish its operations on a set before removing it";
   failed_.push_back(std::move(r));
+  if (timeline_ && timeline_->active()) traceNegotiated(p);
   table_.erase(it);
   return true;
 }
@@ -154,6 +157,7 @@ std::vector<Response> Coordinator::takeReady() {
     auto it = table_.find(key);
     Pending p = std::move(it->second);
     table_.erase(it);  // first: a removal checks the table for the set's other ops
+    if (timeline_ && timeline_->active()) traceNegotiated(p);
     ops.push_back(negotiate(key, p));
   }
   ready_.clear();
@@ -411,6 +415,23 @@ std::string Coordinator::reduceInline(const std::vector<Request>& reqs,
   postscaleBuffer(&acc[0], n, q.dtype, q.reduce_op, static_cast<int>(arrivals.size()),
                   q.postscale);
   return acc;
+}
+
+void Coordinator::traceArrival(const Pending& p, const Request& request, int rank) {
+  const std::string row = timelineRow(p.process_set, p.name);
+  if (p.count == 0) timeline_->begin(row, timelinePhase(request.type, "NEGOTIATE_"));
+  timeline_->tick(row, std::to_string(rank));
+}
+
+void Coordinator::traceNegotiated(const Pending& p) {
+  // Which rank came last, and how long the first one waited for it: the
+  // question a timeline is usually opened to answer.
+  const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now() - p.first_arrival);
+  timeline_->end(timelineRow(p.process_set, p.name),
+                 "\"last_rank\": " + std::to_string(p.last_rank) +
+                     ", \"ranks\": " + std::to_string(p.count) +
+                     ", \"waited_us\": " + std::to_string(waited.count()));
 }
 
 std::vector<Coordinator::Waiting> Coordinator::waiting() const {

@@ -17,6 +17,7 @@
 #include "message.h"
 #include "process_sets.h"
 #include "response_cache.h"
+#include "timeline.h"
 
 namespace hvd {
 
@@ -52,6 +53,11 @@ class Coordinator {
 
   size_t cacheSize() const { return cache_.size(); }
 
+  // The autotuner's fusion threshold, applied from the next takeReady().
+  void setFusionThreshold(size_t bytes) { fusion_threshold_ = bytes; }
+  // Records negotiation (first arrival to response, a tick per rank) on it.
+  void setTimeline(Timeline* timeline) { timeline_ = timeline; }
+
   // join(): `rank` has no more work. Until every rank has joined, ops that
   // all other ranks submitted run without it (allreduce and reducescatter,
   // with zeros from joined ranks). When the last rank joins, a kDone
@@ -68,7 +74,10 @@ class Coordinator {
     int count = 0;
     bool ready = false;
     std::chrono::steady_clock::time_point first_arrival;
+    int last_rank = -1;  // the latest to arrive (timeline)
   };
+  void traceArrival(const Pending& p, const Request& request, int rank);
+  void traceNegotiated(const Pending& p);
 
   ReadyOp negotiate(const std::string& name, Pending& pending);
   // kAddProcessSet / kRemoveProcessSet, once every rank asked for the same.
@@ -81,6 +90,7 @@ class Coordinator {
 
   int size_;
   size_t fusion_threshold_;
+  Timeline* timeline_ = nullptr;
   ProcessSetTable sets_;
   int32_t next_set_id_ = 1;  // ids are never reused, like cache slots
   std::vector<bool> joined_;

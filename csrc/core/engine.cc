@@ -24,11 +24,15 @@ constexpr uint8_t kBye = 1;       // the rank called shutdown()
 constexpr uint8_t kResponses = 0;  // u32 n, n x Response
 constexpr uint8_t kAbort = 1;      // str reason: a rank is gone, fail everything
 constexpr uint8_t kWelcome = 2;    // every rank has connected
+constexpr uint8_t kTunables = 3;   // u64 fusion threshold, u64 inline threshold (autotune.h)
 
 }  // namespace
 
 Engine::Engine(const Topology& topology, const EngineConfig& config)
-    : topology_(topology), config_(config), process_sets_(topology.size) {}
+    : topology_(topology), config_(config), process_sets_(topology.size) {
+  tunables_.fusion_threshold = config.fusion_threshold;
+  tunables_.inline_threshold = config.inline_threshold;
+}
 
 std::shared_ptr<Engine> Engine::start(const Topology& topology, const EngineConfig& config,
                                       const BackendFactory& make_backend, uint64_t generation,
@@ -38,6 +42,7 @@ std::shared_ptr<Engine> Engine::start(const Topology& topology, const EngineConf
   engine->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (engine->wake_fd_ < 0) throw std::runtime_error("eventfd failed");
   engine->connect(make_backend, generation);
+  engine->startObservers();
   engine->thread_ = std::thread([e = engine.get()] { e->loop(); });
   return engine;
 }
@@ -237,6 +242,7 @@ void Engine::shutdown() {
   if (::write(wake_fd_, &one, sizeof(one)) < 0) {
   }
   if (thread_.joinable()) thread_.join();
+  timeline_.stop();  // after the thread: its last events are in the file
   workers_.clear();
   to_coordinator_.reset();
   backend_.reset();
@@ -434,7 +440,7 @@ void Engine::takeSubmissions() {
                          e.request.type == OpType::kReducescatter;
     const size_t traffic = e.request.numBytes() * static_cast<size_t>(set_size - 1);
     if (reduces && set_size > 1 && e.request.plane != Plane::kDevice &&
-        inline_in_flight_ + traffic <= config_.inline_threshold) {
+        inline_in_flight_ + traffic <= tunables_.inline_threshold) {
       a.has_inline = true;
       a.inline_data.assign(static_cast<const char*>(e.input), e.request.numBytes());
       e.inline_traffic = traffic;
@@ -515,6 +521,16 @@ void Engine::readCoordinator() {
     Reader r(frame);
     uint8_t kind = r.get<uint8_t>();
     if (kind == kAbort) throw std::runtime_error(r.getString());
+    if (kind == kTunables) {
+      // Rank 0's autotuner moved: from the next submission on, this rank
+      // decides inline vs collective as rank 0 does.
+      Tunables t;
+      t.fusion_threshold = static_cast<size_t>(r.get<uint64_t>());
+      t.inline_threshold = static_cast<size_t>(r.get<uint64_t>());
+      std::lock_guard<std::mutex> lock(mu_);
+      tunables_ = t;
+      continue;
+    }
     uint32_t n = r.get<uint32_t>();
     for (uint32_t i = 0; i < n; ++i) run(Response::decode(r));
   }
@@ -531,7 +547,75 @@ void Engine::dispatch(std::vector<Response> responses) {
   w.put<uint32_t>(static_cast<uint32_t>(responses.size()));
   for (const auto& r : responses) r.encode(w);
   for (int rank = 1; rank < topology_.size; ++rank) workers_[rank]->send(w.buffer());
-  for (const auto& r : responses) run(r);
+  if (!timeline_.active()) {
+    for (const auto& r : responses) run(r);
+    return;
+  }
+  traceDispatched(responses);
+  for (const auto& r : responses) {
+    for (const auto& name : r.names) timeline_.end(timelineRow(r.process_set, name));  // QUEUE
+    run(r);
+    traceRan(r);
+  }
+}
+
+Tunables Engine::tunables() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tunables_;
+}
+
+void Engine::startObservers() {
+  if (topology_.rank != 0) return;  // rank 0 sees every rank: it records and tunes for all
+  coordinator_->setTimeline(&timeline_);
+  const std::string path = envString("HOROVOD_TIMELINE", "");
+  // Horovod's "DYNAMIC": no file until hvd.start_timeline().
+  if (!path.empty() && path != "DYNAMIC") {
+    const std::string error =
+        timeline_.start(path, envInt("HOROVOD_TIMELINE_MARK_CYCLES", 0) != 0);
+    if (!error.empty())
+      std::fprintf(stderr, "[hvd_torch] WARNING: HOROVOD_TIMELINE: %s\n", error.c_str());
+  }
+  const AutotuneConfig autotune = AutotuneConfig::fromEnvironment();
+  if (autotune.enabled) {
+    std::string error;
+    autotuner_ = std::make_unique<Autotuner>(autotune, tunables_, &error);
+    if (!error.empty()) std::fprintf(stderr, "[hvd_torch] WARNING: %s\n", error.c_str());
+  }
+}
+
+void Engine::applyTunables(const Tunables& t) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tunables_ = t;
+  }
+  coordinator_->setFusionThreshold(t.fusion_threshold);
+  // Ahead of any response sent after this one, on every rank's ordered stream.
+  Writer w;
+  w.put<uint8_t>(kTunables);
+  w.put<uint64_t>(t.fusion_threshold);
+  w.put<uint64_t>(t.inline_threshold);
+  for (int rank = 1; rank < topology_.size; ++rank) workers_[rank]->send(w.buffer());
+}
+
+void Engine::traceDispatched(const std::vector<Response>& responses) {
+  // Our loop has no cycles: a "cycle" is one batch of responses dispatched.
+  if (timeline_.markCycles()) timeline_.marker("CYCLE_START");
+  for (const auto& r : responses) {
+    const std::string phase = timelinePhase(r.type);
+    for (const auto& name : r.names) {
+      const std::string row = timelineRow(r.process_set, name);
+      timeline_.begin(row, phase);
+      // Until this response runs: behind the batch's earlier responses.
+      timeline_.begin(row, "QUEUE");
+    }
+  }
+}
+
+void Engine::traceRan(const Response& r) {
+  static const char* const kinds[] = {"collective", "inline", "error", "done"};
+  const std::string args = std::string("\"path\": \"") + kinds[r.kind] +
+                           "\", \"fused\": " + std::to_string(r.names.size());
+  for (const auto& name : r.names) timeline_.end(timelineRow(r.process_set, name), args);
 }
 
 namespace {
@@ -637,7 +721,7 @@ void Engine::run(const Response& response) {
           const auto [plane, device] = planeOf(response, entries);
           executor = &executorFor(response.process_set, rt, plane, device);
         }
-        executor->execute(response, entries);
+        executor->execute(response, entries, coordinator_ ? &timeline_ : nullptr);
         // A device plane has only enqueued the work: its end is an event
         // that readers of the outputs order themselves after.
         if (std::shared_ptr<DeviceEvent> done = executor->memory().record()) {
@@ -650,6 +734,13 @@ void Engine::run(const Response& response) {
                                  (why.empty() ? e.what() : why + " (" + e.what() + ")"));
       }
       break;
+  }
+  if (autotuner_ && !autotuner_->settled()) {
+    const auto now = std::chrono::steady_clock::now();
+    bool changed = false;
+    for (size_t i = 0; i < entries.size(); ++i)
+      changed = autotuner_->completed(response.names[i], entries[i]->request.numBytes(), now) || changed;
+    if (changed) applyTunables(autotuner_->current());
   }
   for (size_t i = 0; i < entries.size(); ++i) {
     Entry* e = entries[i];

@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "autotune.h"
 #include "backend.h"
 #include "coordinator.h"
 #include "entry.h"
@@ -35,6 +36,7 @@
 #include "process_sets.h"
 #include "response_cache.h"
 #include "store_client.h"
+#include "timeline.h"
 #include "topology.h"
 
 namespace hvd {
@@ -74,6 +76,11 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   // Every registered process set (any thread may read it).
   const ProcessSetTable& processSets() const { return process_sets_; }
+  // Rank 0's records the job (hvd.start_timeline); other ranks' stay stopped.
+  Timeline& timeline() { return timeline_; }
+  // The fusion and inline thresholds in force on this rank (the autotuner's
+  // latest, sent by rank 0). Any thread.
+  Tunables tunables();
 
  private:
   Engine(const Topology& topology, const EngineConfig& config);
@@ -99,6 +106,12 @@ class Engine {
   void arrive(Arrival arrival);  // rank 0: hand one arrival to the coordinator
   std::string diagnosePeerFailure();
   std::string encodeArrivals(const std::vector<Arrival>& arrivals) const;
+  // Rank 0: HOROVOD_TIMELINE and HOROVOD_AUTOTUNE at start().
+  void startObservers();
+  // Rank 0: the autotuner's new values, used here and sent to every rank.
+  void applyTunables(const Tunables& t);
+  void traceDispatched(const std::vector<Response>& responses);
+  void traceRan(const Response& response);
 
   const Topology topology_;
   const EngineConfig config_;
@@ -144,6 +157,10 @@ class Engine {
   std::unique_ptr<FrameSocket> to_coordinator_;        // other ranks
   std::chrono::steady_clock::time_point last_stall_check_{};
   std::chrono::steady_clock::time_point last_stall_warning_{};
+
+  Timeline timeline_;
+  Tunables tunables_;  // written by the background thread under mu_
+  std::unique_ptr<Autotuner> autotuner_;  // rank 0 with HOROVOD_AUTOTUNE=1
 };
 
 }  // namespace hvd

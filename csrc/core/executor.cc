@@ -1,5 +1,6 @@
 #include "executor.h"
 
+#include <cctype>
 #include <numeric>
 
 #include "process_sets.h"
@@ -7,12 +8,24 @@
 
 namespace hvd {
 
-void Executor::execute(const Response& response, const std::vector<Entry*>& entries) {
+void Executor::execute(const Response& response, const std::vector<Entry*>& entries,
+                       Timeline* timeline) {
+  timeline_ = timeline && timeline->active() ? timeline : nullptr;
+  if (timeline_) {
+    rows_.clear();
+    for (const auto& name : response.names) rows_.push_back(timelineRow(response.process_set, name));
+    collective_.clear();
+    for (const char* c = backend_ ? backend_->name() : "local"; *c; ++c)
+      collective_ += static_cast<char>(std::toupper(*c));
+    collective_ += "_" + timelinePhase(response.type);
+  }
   // Inputs written by device work: order ours after it (the host plane
   // already waited when the op was submitted).
   for (Entry* e : entries) {
     if (e->ready) memory_->waitFor(*e->ready);
   }
+  // Allreduce records its copies and its collective itself.
+  TimelineSpan span(response.type == OpType::kAllreduce ? nullptr : timeline_, rows_, collective_);
   // Average divides by the ranks that contributed (joined ranks add zeros).
   const int divisor = response.contributors > 0 ? response.contributors : size_;
   switch (response.type) {
@@ -54,7 +67,7 @@ void Executor::reducescatter(Entry& e, int divisor) {
   const RowSlice mine = reducescatterSlice(q.shape[0], size_, rank_);
   const size_t row_bytes = static_cast<size_t>(q.rowElements()) * dataTypeSize(q.dtype);
   char* out = static_cast<char*>(e.allocate(mine.rows));
-  if (backend_ != nullptr && n > 0) {
+  if (backend_ != nullptr && n > 0 && backend_->directForms()) {
     std::vector<size_t> counts(size_);
     for (int r = 0; r < size_; ++r) {
       counts[r] = static_cast<size_t>(reducescatterSlice(q.shape[0], size_, r).rows *
@@ -107,7 +120,7 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
   for (Entry* e : entries) total += static_cast<size_t>(e->request.numElements());
   const ReduceOp op = q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op;
   const double post = postscaleFactor(q.reduce_op, divisor, q.postscale);
-  if (backend_ != nullptr && total > 0) {
+  if (backend_ != nullptr && total > 0 && backend_->directForms()) {
     // A backend that reads the inputs and writes the outputs itself needs
     // neither the fusion buffer nor a first copy into the output.
     std::vector<Backend::Span> spans;
@@ -115,25 +128,29 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
     for (Entry* e : entries) {
       spans.push_back({e->input, e->output, static_cast<size_t>(e->request.numElements())});
     }
+    // The copies in and out happen inside it: one span for all.
+    TimelineSpan collective(timeline_, rows_, collective_);
     if (backend_->allreduceSpans(spans, q.dtype, op, q.prescale, post)) return;
   }
 
   // One tensor reduces in its own output buffer; several are packed into the
   // fusion buffer so the backend runs one collective for all of them.
-  char* buf;
-  if (entries.size() == 1) {
-    buf = static_cast<char*>(entries[0]->output);
-    memory_->copy(buf, entries[0]->input, total * elem);
-  } else {
-    buf = static_cast<char*>(memory_->scratch(total * elem));
+  char* buf = entries.size() == 1 ? static_cast<char*>(entries[0]->output)
+                                  : static_cast<char*>(memory_->scratch(total * elem));
+  {
+    TimelineSpan copy_in(timeline_, rows_, "MEMCPY_IN_FUSION_BUFFER");
     size_t off = 0;
     for (Entry* e : entries) {
       memory_->copy(buf + off, e->input, e->request.numBytes());
       off += e->request.numBytes();
     }
+    memory_->scale(buf, total, q.dtype, q.prescale);
   }
-  memory_->scale(buf, total, q.dtype, q.prescale);
-  if (backend_ != nullptr && total > 0) backend_->allreduce(buf, total, q.dtype, op);
+  if (backend_ != nullptr && total > 0) {
+    TimelineSpan collective(timeline_, rows_, collective_);
+    backend_->allreduce(buf, total, q.dtype, op);
+  }
+  TimelineSpan copy_out(timeline_, rows_, "MEMCPY_OUT_FUSION_BUFFER");
   memory_->scale(buf, total, q.dtype, post);
   if (entries.size() > 1) {
     size_t off = 0;

@@ -12,6 +12,7 @@
 #include "device.h"
 #include "entry.h"
 #include "message.h"
+#include "timeline.h"
 
 namespace hvd {
 
@@ -32,8 +33,10 @@ class Executor {
 
   Memory& memory() { return *memory_; }
 
-  // Throws what the backend throws (a peer failure).
-  void execute(const Response& response, const std::vector<Entry*>& entries);
+  // Throws what the backend throws (a peer failure). timeline: rank 0's,
+  // which records the copies and the collective on each name's row.
+  void execute(const Response& response, const std::vector<Entry*>& entries,
+               Timeline* timeline = nullptr);
 
  private:
   void allreduce(const std::vector<Entry*>& entries, int divisor);
@@ -48,6 +51,11 @@ class Executor {
   std::vector<int> ranks_;
   std::shared_ptr<HostMemory> host_;  // shared: executors are copied into place
   Memory* memory_;
+  // While execute() runs with a recording timeline: it, the rows of the
+  // response's names, and the collective's phase ("GLOO_ALLREDUCE").
+  Timeline* timeline_ = nullptr;
+  std::vector<std::string> rows_;
+  std::string collective_;
 };
 
 }  // namespace hvd

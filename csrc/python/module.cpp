@@ -80,6 +80,30 @@ PYBIND11_MODULE(_C, m) {
       return pybind11::object(pybind11::none());
     return pybind11::object(pybind11::cast(ranks));
   });
+  // Horovod's contract: called on every rank, only rank 0 records (it sees
+  // every rank's arrival). Stopping writes what is pending and closes the file.
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    auto engine = currentEngine();
+    TORCH_CHECK(engine != nullptr,
+                "hvd_torch.start_timeline() was called before hvd_torch.init(): call hvd.init() first");
+    if (engine->topology().rank != 0) return;
+    const std::string error = engine->timeline().start(path, mark_cycles);
+    TORCH_CHECK(error.empty(), "hvd_torch.start_timeline('", path, "'): ", error);
+  });
+  m.def("stop_timeline", [] {
+    auto engine = currentEngine();
+    TORCH_CHECK(engine != nullptr,
+                "hvd_torch.stop_timeline() was called before hvd_torch.init(): call hvd.init() first");
+    pybind11::gil_scoped_release no_gil;  // waits for the writer thread's last write
+    engine->timeline().stop();
+  });
+  // The fusion and inline thresholds in force on this rank (autotune may move them).
+  m.def("tunables", [] {
+    auto engine = currentEngine();
+    TORCH_CHECK(engine != nullptr, "hvd_torch: call hvd.init() first");
+    const hvd::Tunables t = engine->tunables();
+    return std::make_pair(t.fusion_threshold, t.inline_threshold);
+  });
   m.def("gloo_library_path", &hvd::glooLibraryPath);
   m.def("gloo_built", [] { return true; });
   m.def("shm_built", [] { return true; });

@@ -31,6 +31,7 @@ class ShmBackend : public Backend {
              const std::vector<int>& ranks, const EngineConfig& config);
 
   const char* name() const override { return "shm"; }
+  bool directForms() const override { return true; }
   void allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override;
   bool allreduceSpans(const std::vector<Span>& spans, DataType dtype, ReduceOp op,
                       double prescale, double postscale) override;
