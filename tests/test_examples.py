@@ -11,12 +11,14 @@ examples/digits_elastic.py: finishes under elastic hvdrun.
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hvdrun_job import run_hvdrun  # noqa: E402
+
 EXAMPLES = ROOT / "examples"
 # Per run; each takes 5-20 s on 2 busy cores, most of it starting the ranks.
 RUN_TIMEOUT = 90
@@ -24,27 +26,11 @@ IDENTICAL = re.compile(r"all 2 ranks hold identical weights \(sha256 prefix ([0-
 
 
 def _run_example(script, *args, timeout=RUN_TIMEOUT, np=2):
-    """`hvdrun -np NP python examples/<script> args...`; returns (exit code, output).
-
-    On a timeout the launcher gets SIGTERM, which it forwards to its ranks (each
-    in its own session), and SIGKILL if it is still there 10 s later.
-    """
-    cmd = [sys.executable, "-m", "hvd_torch.runner", "-np", str(np),
-           sys.executable, str(EXAMPLES / script), *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        raise AssertionError(f"{script} {' '.join(args)}: no exit within {timeout}s\n{out}")
-    return proc.returncode, out
+    """`hvdrun -np NP python examples/<script> args...`; returns (exit code, output)."""
+    code, out, _ = run_hvdrun(["-np", str(np), sys.executable, str(EXAMPLES / script), *args],
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
+                              timeout=timeout, merge_stderr=True)
+    return code, out
 
 
 def _stdout(out, rank=0):

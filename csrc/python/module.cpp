@@ -4,6 +4,7 @@
 
 #include "../backends/gloo/gloo_backend.h"
 #include "../core/engine_registry.h"
+#include "../core/log.h"
 #include "../torch/adapter.h"
 #include "../torch/device_io.h"
 
@@ -20,6 +21,7 @@ hvd::Topology topology(const char* what) {
 
 void init() {
   if (currentEngine() != nullptr) return;  // Horovod: a second init() is a no-op
+  hvd::configureLogging();                  // HOROVOD_LOG_LEVEL may have changed since
   hvd::Topology topo = hvd::Topology::fromEnvironment();
   hvd::EngineConfig config = hvd::EngineConfig::fromEnvironment();
   std::shared_ptr<hvd::Engine> engine;
@@ -76,6 +78,16 @@ PYBIND11_MODULE(_C, m) {
     return pybind11::object(pybind11::cast(ranks));
   });
   m.def("gloo_library_path", &hvd::glooLibraryPath);
+  // The torch version (major.minor.patch) whose headers compiled this extension, so
+  // the doctor can tell a stale hvd_torch/_build_info.py from the .so it describes.
+  m.def("built_with_torch", [] {
+#ifdef TORCH_VERSION_MAJOR
+    return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+           std::to_string(TORCH_VERSION_PATCH);
+#else
+    return std::string("unknown");
+#endif
+  });
   m.def("gloo_built", [] { return true; });
   // What this build compiled, decided once by setup.py (cuda_enabled, nccl_paths).
 #ifdef HVD_TORCH_WITH_NCCL
