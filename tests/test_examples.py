@@ -130,3 +130,43 @@ def test_elastic_digits_under_elastic_hvdrun(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert "epoch 1: 2 workers, test accuracy" in proc.stdout, proc.stdout
     assert "done (pid" in proc.stdout
+
+
+def _scalars(logdir):
+    """{tag: [(step, value)]} from the TensorBoard event files under logdir, read as
+    TFRecords (length, crc, Event proto, crc) with tensorboardX's Event proto."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    found = {}
+    for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack_from("<Q", data, pos)
+            event = Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                found.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return found
+
+
+def test_digits_train_writes_tensorboard_scalars(tmp_path):
+    logdir = tmp_path / "tb"
+    lines, _, out = _digits("digits_train.py", tmp_path / "tb.pt", "--epochs", "2",
+                            "--logdir", str(logdir))
+    scalars = _scalars(logdir)
+    assert set(scalars) == {"train/loss", "val/accuracy", "train/samples_per_sec",
+                            "train/comm_seconds", "train/lr"}, scalars
+    for tag, points in scalars.items():
+        assert [step for step, _ in points] == [1, 2], (tag, points)
+    # The logged accuracy is the one rank 0 printed, per epoch.
+    printed = _epochs(lines)
+    for step, value in scalars["val/accuracy"]:
+        assert abs(100 * value - printed[step]) < 0.06, (value, printed)
+    assert scalars["train/loss"][1][1] < scalars["train/loss"][0][1]
+    assert all(v > 0 for _, v in scalars["train/samples_per_sec"])
+    assert all(0 < v < 60 for _, v in scalars["train/comm_seconds"])
+    # Only rank 0 writes.
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 1
