@@ -198,7 +198,7 @@ def test_command_not_found(capsys, launch):
     [
         ["--mpi"], ["--blacklist-cooldown-range", "10", "100"],
         ["--tcp"], ["--timeline-filename", "t.json"],
-        ["--output-filename", "out"], ["--log-level", "INFO"], ["--config-file", "c.yaml"],
+        ["--prefix-output-with-timestamp"], ["--cycle-time-ms", "5"], ["--config-file", "c.yaml"],
         ["--jsm"], ["--mpi-args=-x FOO"], ["--disable-cache"], ["--fusion-threshold-mb", "32"],
     ],
 )  # fmt: skip

@@ -55,7 +55,8 @@ struct LogVoidify {
 }  // namespace hvd
 
 // A ternary, not an `if`, so `if (x) HVD_LOG(kInfo) << ...; else ...` binds as written.
-#define HVD_LOG(level)                                 \
-  !::hvd::logEnabled(::hvd::LogLevel::level) ? (void)0 \
-                                              : ::hvd::LogVoidify() &   \
-                                                    ::hvd::LogMessage(::hvd::LogLevel::level, __FILE__, __LINE__).stream()
+#define HVD_LOG(level)                                                         \
+  !::hvd::logEnabled(::hvd::LogLevel::level)                                   \
+      ? (void)0                                                                \
+      : ::hvd::LogVoidify() &                                                  \
+            ::hvd::LogMessage(::hvd::LogLevel::level, __FILE__, __LINE__).stream()
