@@ -48,32 +48,9 @@ from torch.utils.data.distributed import DistributedSampler
 
 import hvd_torch as hvd
 from digits_allreduce import DigitsNet, load_data
+from progress import progress
 
 DEFAULT_CHECKPOINT = "/tmp/digits_ckpt.pt"
-
-
-def progress(iterable, **kwargs):
-    """A tqdm bar when tqdm is installed, else the plain iterable (with the two
-    methods train_epoch calls)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _Plain(iterable)
-    return tqdm(iterable, **kwargs)
-
-
-class _Plain:
-    def __init__(self, iterable):
-        self.iterable = iterable
-
-    def __iter__(self):
-        return iter(self.iterable)
-
-    def set_postfix(self, **_):
-        pass
-
-    def close(self):
-        pass
 
 
 def summary_writer_class():

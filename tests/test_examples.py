@@ -170,3 +170,17 @@ def test_digits_train_writes_tensorboard_scalars(tmp_path):
     assert all(0 < v < 60 for _, v in scalars["train/comm_seconds"])
     # Only rank 0 writes.
     assert len(list(logdir.glob("events.out.tfevents.*"))) == 1
+
+
+def test_progress_bars_are_optional(monkeypatch, capsys):
+    """Without tqdm the examples' loops run plain (examples/progress.py)."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `from tqdm import tqdm` fails
+    from progress import progress
+
+    bar = progress(range(3), desc="x", unit="batch")
+    assert [i * 2 for i in bar] == [0, 2, 4]
+    bar.set_postfix(loss="0.1")
+    bar.write("Iter #0: 12.5 img/sec")
+    bar.close()
+    assert capsys.readouterr().out == "Iter #0: 12.5 img/sec\n"
