@@ -1,4 +1,4 @@
-"""Builds hvd_torch._C against the installed torch (pip install --no-build-isolation .).
+"""Builds hvd_torch._C against the installed torch (`pip install .`).
 
 With a CUDA build of torch and nvcc on the PATH, the same extension also
 compiles the CUDA sources (csrc/backends/nccl/, csrc/torch/device_io.cpp's CUDA
@@ -8,16 +8,68 @@ Environment:
   HVD_TORCH_GLOO_ROOT  a Gloo installed elsewhere than /usr, e.g. Debian's
                        libgloo-dev unpacked with `dpkg -x` (ROOT/usr/include/gloo,
                        ROOT/usr/lib/<triplet>/libgloo.so).
+
+Which torch: the extension must be compiled against the torch it will run with.
+pip's build isolation (plain `pip install .`, `python -m build`) runs this file in a
+temporary environment that hides the installed torch; torch is therefore not a build
+requirement (pip would download a different one), and when the build environment has
+no torch this file borrows the target environment's (import_torch() below).
+Every build records the torch version, CUDA version and C++ ABI it compiled against in
+hvd_torch/_build_info.py, beside the extension; `import hvd_torch` compares them with
+the running torch before it loads the extension (hvd_torch/build_record.py).
 """
 
 import glob
 import os
+import subprocess
 import sys
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
-import torch
-from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+REBUILD_HINT = "pip install --no-build-isolation ."
+
+
+# Commands that only package sources (an sdist, metadata) and need no torch.
+_SOURCE_ONLY = {"sdist", "egg_info", "dist_info", "--name", "--version"}
+
+
+def import_torch():
+    """The torch to compile against: the build environment's, else the target's.
+
+    Under pip's build isolation sys.executable is still the target environment's
+    interpreter, but sys.path is the isolated one. `python -I` ignores the
+    PYTHONPATH pip sets, so it sees the target environment's site-packages, and
+    appending the directory holding its torch (after the build environment's own
+    entries, so setuptools and ninja stay the isolated ones) builds against the
+    torch the extension will run with. None when no torch is found.
+    """
+    try:
+        import torch
+        return torch
+    except ImportError:
+        pass
+    probe = subprocess.run(
+        [sys.executable, "-I", "-c",
+         "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))"],
+        capture_output=True, text=True)
+    if probe.returncode != 0:
+        return None
+    sys.path.append(probe.stdout.strip())
+    print(f"[hvd_torch build] isolated build: compiling against the torch installed in "
+          f"{probe.stdout.strip()}")
+    import torch
+    return torch
+
+
+torch = import_torch()
+if torch is None and not _SOURCE_ONLY.intersection(sys.argv[1:]):
+    sys.exit(f"hvd-torch: no torch found. hvd-torch compiles against the torch of the environment "
+             f"it is installed into, and {sys.executable} has none. Install torch first "
+             f"(pip install torch), then `pip install .`; with `python -m build` (which builds in "
+             f"a fresh environment of its own), install torch and run `python -m build "
+             f"--no-isolation`.")
+if torch is not None:
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from build_config import cuda_enabled, gloo_paths, nccl_paths  # noqa: E402
@@ -78,10 +130,46 @@ def extension():
     )
 
 
+def build_record(ext):
+    """The contents of hvd_torch/_build_info.py: what this build compiled against."""
+    facts = {
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda if cuda_enabled() else None,
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+        "cuda_built": cuda_enabled(),
+        "nccl_built": any(m[0] == "HVD_TORCH_WITH_NCCL" for m in ext.define_macros or []),
+    }
+    lines = [f"{k} = {v!r}" for k, v in facts.items()]
+    return ('"""Written by setup.py when hvd_torch._C was built; read before _C loads '
+            '(build_record.py)."""\n\n' + "\n".join(lines) + "\n")
+
+
+def write_build_records(build_ext_cmd):
+    """Writes hvd_torch/_build_info.py beside each built extension and in the source
+    tree (in-place builds, editable installs, whose .so is copied there)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for ext in build_ext_cmd.extensions:
+        built_dir = os.path.dirname(build_ext_cmd.get_ext_fullpath(ext.name))
+        for directory in {os.path.abspath(built_dir), os.path.join(here, "hvd_torch")}:
+            with open(os.path.join(directory, "_build_info.py"), "w") as f:
+                f.write(build_record(ext))
+
+
+if torch is not None:
+    class BuildWithRecord(BuildExtension.with_options(use_ninja=True)):
+        def run(self):
+            super().run()
+            write_build_records(self)
+
+    ext_modules, cmdclass = [extension()], {"build_ext": BuildWithRecord}
+else:
+    # An sdist or metadata without torch: the extension's sources are listed, never built.
+    ext_modules, cmdclass = [Extension("hvd_torch._C", sources=sources(True))], {}
+
 setup(
     packages=find_packages(
         include=["hvd_torch", "hvd_torch.*", "hvdrun", "hvdrun.*", "ray_integration",
                  "ray_integration.*"]),
-    ext_modules=[extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
 )

@@ -3,6 +3,7 @@
     hvdrun -np 2 python examples/digits_train.py
     hvdrun -np 2 python examples/digits_train.py --epochs 20 --checkpoint /tmp/run.pt
     hvdrun -np 2 python examples/digits_train.py --no-resume     (ignore a saved checkpoint)
+    hvdrun -np 2 python examples/digits_train.py --logdir /tmp/tb  (TensorBoard logs)
 
 What examples/digits_allreduce.py does by hand, this does the way Horovod's
 pytorch_imagenet_resnet50.py does, on scikit-learn's digits (nothing downloaded):
@@ -24,6 +25,12 @@ pytorch_imagenet_resnet50.py does, on scikit-learn's digits (nothing downloaded)
     from the checkpoint keeps the size it was saved with;
   - at the end the ranks compare a checksum of their weights (allgather_object)
     and the script exits with 1 if any rank differs.
+  - monitoring (rank 0 only): a tqdm progress bar per epoch when tqdm is installed,
+    and with --logdir, TensorBoard scalars per epoch: train/loss, val/accuracy,
+    train/samples_per_sec (all ranks together), train/comm_seconds (time spent
+    waiting for the gradient allreduces in optimizer.synchronize()), train/lr.
+    Writer: torch.utils.tensorboard (pip install tensorboard, or hvd-torch's
+    [tensorboard] extra), else tensorboardX; `tensorboard --logdir /tmp/tb` shows them.
 
 examples/digits_train_scripted.py reuses train() with a TorchScript model.
 """
@@ -38,12 +45,27 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
-from tqdm import tqdm
 
 import hvd_torch as hvd
 from digits_allreduce import DigitsNet, load_data
+from progress import progress
 
 DEFAULT_CHECKPOINT = "/tmp/digits_ckpt.pt"
+
+
+def summary_writer_class():
+    """TensorBoard's SummaryWriter: torch.utils.tensorboard's (needs the tensorboard
+    package), else tensorboardX's. Checked on every rank before init(), so a missing
+    package stops the job at once instead of failing rank 0 alone mid-run."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            sys.exit("--logdir needs TensorBoard's writer: pip install tensorboard "
+                     "(or pip install 'hvd-torch[tensorboard]'), or tensorboardX")
+    return SummaryWriter
 
 
 def parse_args(argv=None, checkpoint=DEFAULT_CHECKPOINT, description=None):
@@ -57,6 +79,8 @@ def parse_args(argv=None, checkpoint=DEFAULT_CHECKPOINT, description=None):
     p.add_argument("--checkpoint", default=checkpoint, help="written by rank 0 every epoch")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: each rank trains on GPU local_rank %% visible GPUs")
+    p.add_argument("--logdir", default=None,
+                   help="write TensorBoard scalars here (rank 0; needs tensorboard or tensorboardX)")
     p.add_argument(
         "--resume",
         action=argparse.BooleanOptionalAction,
@@ -120,11 +144,12 @@ def save_checkpoint(path, model, optimizer, scheduler, epochs_done):
 
 
 def train_epoch(model, optimizer, scheduler, loader, sampler, epoch, args):
-    """One epoch; returns the mean training loss over all ranks."""
+    """One epoch; returns (mean training loss over all ranks, samples this rank
+    trained on, seconds this rank waited for the gradient allreduces)."""
     model.train()
     sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
-    loss_sum, samples = 0.0, 0
-    bar = tqdm(
+    loss_sum, samples, comm = 0.0, 0, 0.0
+    bar = progress(
         loader,
         desc=f"epoch {epoch + 1}/{args.epochs}",
         unit="batch",
@@ -136,13 +161,17 @@ def train_epoch(model, optimizer, scheduler, loader, sampler, epoch, args):
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()  # each gradient's allreduce starts here, from its hook
-        optimizer.step()  # waits for the allreduces, then applies the average
+        waited = time.perf_counter()
+        optimizer.synchronize()  # waits for the allreduces (Horovod's explicit form)
+        comm += time.perf_counter() - waited
+        with optimizer.skip_synchronize():
+            optimizer.step()  # applies the averaged gradients
         scheduler.step()  # per batch: the warm-up is linear in steps
         loss_sum += loss.item() * len(y)
         samples += len(y)
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
     bar.close()
-    return hvd.metric_average(loss_sum / samples, name="train_loss")
+    return hvd.metric_average(loss_sum / samples, name="train_loss"), samples, comm
 
 
 @torch.no_grad()
@@ -170,6 +199,7 @@ def checksum(model):
 def train(args, prepare_model=None):
     """The whole run; returns the process exit code. prepare_model, when given,
     transforms the model before the optimizer sees its parameters (e.g. torch.jit.script)."""
+    writer_class = summary_writer_class() if args.logdir else None
     hvd.init()
     # One thread per rank: the ranks share the machine's cores.
     torch.set_num_threads(1)
@@ -204,18 +234,32 @@ def train(args, prepare_model=None):
         log(f"resuming from epoch {start_epoch} (checkpoint {args.checkpoint})")
     if start_epoch >= args.epochs:
         log(f"nothing to train: the checkpoint has {start_epoch} of {args.epochs} epochs")
+    writer = writer_class(args.logdir) if writer_class is not None and rank == 0 else None
     started = time.perf_counter()
     for epoch in range(start_epoch, args.epochs):
-        loss = train_epoch(model, optimizer, scheduler, train_loader, sampler, epoch, args)
+        epoch_start = time.perf_counter()
+        loss, samples, comm = train_epoch(model, optimizer, scheduler, train_loader, sampler,
+                                          epoch, args)
+        seconds = time.perf_counter() - epoch_start
         accuracy = validate(model, val_loader, args.device)
         if rank == 0:
             save_checkpoint(args.checkpoint, model, optimizer, scheduler, epoch + 1)
+        if writer is not None:
+            step = epoch + 1
+            writer.add_scalar("train/loss", loss, step)
+            writer.add_scalar("val/accuracy", accuracy, step)
+            writer.add_scalar("train/samples_per_sec", samples * size / seconds, step)
+            writer.add_scalar("train/comm_seconds", comm, step)
+            writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
+            writer.flush()
         log(
             f"epoch {epoch + 1:2d}/{args.epochs}  loss {loss:.4f}  "
             f"val accuracy {100 * accuracy:5.1f}%  lr {optimizer.param_groups[0]['lr']:.3f}  "
             f"({time.perf_counter() - started:.1f}s)"
         )
 
+    if writer is not None:
+        writer.close()
     sums = hvd.allgather_object(checksum(model))
     if len(set(sums)) != 1:
         print(

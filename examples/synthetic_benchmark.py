@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hvd_torch as hvd
+from progress import progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -278,14 +279,18 @@ def main():
     )
     times = {name: [] for name in runners}
     images = args.batch_size * args.num_batches_per_iter
-    for it in range(args.num_iters):
+    # Rank 0's bar over the iterations (tqdm, if installed); the lines go above it.
+    bar = progress(range(args.num_iters), disable=rank != 0, desc="benchmark", unit="iter")
+    for it in bar:
         for name, (_, step) in runners.items():
             times[name].append(timed(step, args.num_batches_per_iter))
-        log(
-            f"Iter #{it}: "
-            + "  ".join(f"{n} {images / t[-1][0]:.1f}" for n, t in times.items())
-            + " img/sec per rank (rank 0)"
-        )
+        if rank == 0:
+            bar.write(
+                f"Iter #{it}: "
+                + "  ".join(f"{n} {images / t[-1][0]:.1f}" for n, t in times.items())
+                + " img/sec per rank (rank 0)"
+            )
+    bar.close()
 
     # Every rank's timings and checksums to every rank (rank 0 reports).
     gathered = hvd.allgather_object(

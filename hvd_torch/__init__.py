@@ -3,7 +3,15 @@
 Switch from Horovod with one line: `import hvd_torch as hvd`.
 """
 
-from hvd_torch.basics import (  # noqa: F401
+# Before anything loads _C: an extension built for another torch is an ImportError
+# that names the versions, not an `undefined symbol` (build_record.py).
+from hvd_torch import build_record as _build_record
+
+_build_record.verify()
+
+from hvd_torch import log  # noqa: E402,F401  (the hvd_torch logger, HOROVOD_LOG_LEVEL)
+
+from hvd_torch.basics import (  # noqa: E402,F401
     Adasum, Average, Max, Min, Product, Sum, ccl_built, cross_rank, cross_size, cuda_built,
     ddl_built, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank,
     local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,

@@ -5,7 +5,7 @@ import os
 
 import torch  # noqa: F401  (loads libtorch before our extension)
 
-from hvd_torch import _C, gpu, horovod_env
+from hvd_torch import _C, gpu, horovod_env, log
 from hvd_torch import process_sets as process_sets_module
 
 # Horovod's reduce op constants (horovod/common/message.h numbering).
@@ -49,6 +49,7 @@ def init(comm=None, process_sets=None):
     if _C.is_initialized():
         return
     horovod_env.check()  # no HOROVOD_* variable is silently ignored
+    log.configure()  # HOROVOD_LOG_LEVEL may have changed since import
     gpu.requested_operations()  # a bad HOROVOD_GPU_OPERATIONS fails before the rendezvous
     if "HVD_TORCH_ELASTIC_WORKER_ID" in os.environ:
         # An elastic worker's rank, size and rendezvous scope come from the driver,
@@ -59,10 +60,15 @@ def init(comm=None, process_sets=None):
     _C.init()
     gpu.configure()
     process_sets_module._after_init(process_sets)
+    log.logger.info("rank %d of %d initialised (local rank %d of %d, host %d of %d)",
+                    _C.rank(), _C.size(), _C.local_rank(), _C.local_size(), _C.cross_rank(),
+                    _C.cross_size())
 
 
 def shutdown():
     """Stops the engine. Pending operations fail; init() may be called again."""
+    if _C.is_initialized():
+        log.logger.debug("rank %d: shutting down", _C.rank())
     _C.shutdown()
     process_sets_module._after_shutdown()
 

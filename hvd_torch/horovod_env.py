@@ -15,6 +15,8 @@ what hvd-torch does anyway and are accepted; =1 or =mpi are refused.
 
 import os
 
+from hvd_torch import log
+
 # Read by the engine at init() (csrc/core/topology.cc) or by the Python layer.
 HONOURED = {
     "HOROVOD_FUSION_THRESHOLD": "largest fused allreduce buffer, bytes",
@@ -47,6 +49,13 @@ HONOURED = {
     "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "training steps scored per trial",
     "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "most trials (the search is a grid, not Bayesian)",
     "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "accepted and unused (no Gaussian process)",
+    "HOROVOD_LOG_LEVEL": "engine and hvd_torch logger level: trace, debug, info, warning, error, fatal",
+    "HOROVOD_LOG_HIDE_TIME": "1: log lines without the time stamp",
+}
+
+# Honoured variables whose value must be one of these (checked at init()).
+HONOURED_VALUES = {
+    "HOROVOD_LOG_LEVEL": set(log.LEVELS),
 }
 
 # Values that describe what hvd-torch always does: accepted (value -> reason);
@@ -82,8 +91,6 @@ REFUSED = {
     "HOROVOD_CCL_CACHE": "oneCCL setting; hvd-torch has no oneCCL",
     "HOROVOD_ADASUM_MPI_CHUNK_SIZE": "Adasum over MPI; hvd-torch has neither",
     "HOROVOD_THREAD_AFFINITY": "pins Horovod's background thread to cores; not implemented",
-    "HOROVOD_LOG_LEVEL": "Horovod's C++ log level; hvd-torch's engine has no log levels",
-    "HOROVOD_LOG_HIDE_TIME": "Horovod's C++ log format; hvd-torch's engine has no log levels",
     "HOROVOD_MPI": "selects MPI; hvd-torch has no MPI",
 }
 
@@ -91,7 +98,12 @@ REFUSED = {
 def _problems(environ):
     out = []
     for name, value in sorted(environ.items()):
-        if not name.startswith("HOROVOD_") or name in HONOURED:
+        if not name.startswith("HOROVOD_"):
+            continue
+        if name in HONOURED:
+            allowed = HONOURED_VALUES.get(name)
+            if allowed is not None and value.strip().lower() not in allowed | {""}:
+                out.append(f"{name}={value!r}: not one of {', '.join(sorted(allowed))}")
             continue
         if name in ACCEPTED_VALUES:
             allowed, meaning = ACCEPTED_VALUES[name]

@@ -132,6 +132,7 @@ class HostLauncher:
     def start(self, worker_id: str, host: str, env) -> _Worker:
         if _runs_here(host):
             full = dict(os.environ)
+            full.update({k: v for k, v in self._extra_env.items() if v is not None})
             full.update(env)
             full["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = self._local_store_host
             return _Worker(self._procs.start(worker_id, self._command, full))

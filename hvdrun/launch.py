@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 import sys
 
 from .args import ENGINE_FLAGS, ENGINE_VALUED, UsageError, engine_env, positive_float, positive_int
@@ -46,6 +47,13 @@ usage: {PROG} -np N [-H HOSTS | --hostfile F] [options] command [args...]
   -x NAME[=VALUE]         also forward NAME (or set it) for remote ranks; repeatable
   --gloo                  accepted for horovodrun compatibility (always gloo)
   --verbose               print the store address and each rank's command
+  --output-filename DIR   also write each rank's output to DIR/rank.N/stdout and stderr
+  --log-level LEVEL       HOROVOD_LOG_LEVEL for the ranks: trace, debug, info, warning,
+                          error or fatal (the engine's and the hvd_torch logger's level)
+  --log-without-timestamp log lines without the time (HOROVOD_LOG_HIDE_TIME=1;
+                          --log-hide-timestamp is the same; --log-with-timestamp undoes it)
+  -cb, --check-build      print what hvd-torch was built with and check the installation
+                          (python -m hvd_torch.doctor), then exit
   --start-timeout S       seconds ranks may take to rendezvous, and the bound on the
                           ssh reachability check (HOROVOD_START_TIMEOUT; default 30)
   -h, --help              show this help
@@ -83,15 +91,13 @@ elastic mode (any of --min-np, --max-np, --host-discovery-script; docs/elastic.m
 # horovodrun flags that we know and do not implement yet.
 _UNSUPPORTED = {
     "--mpi", "--jsm", "--mpi-args", "--blacklist-cooldown-range", "--tcp",
-    "--output-filename",
-    "--log-level", "--log-with-timestamp", "--log-without-timestamp",
-    "--log-hide-timestamp", "--prefix-output-with-timestamp", "--config-file",
+    "--prefix-output-with-timestamp", "--config-file",
     "--disable-cache", "--fusion-threshold-mb", "--cycle-time-ms",
     "--cache-capacity", "--hierarchical-allreduce", "--no-hierarchical-allreduce",
     "--hierarchical-allgather", "--no-hierarchical-allgather", "--no-stall-check",
     "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
     "--mpi-threads-disable", "--num-nccl-streams", "--thread-affinity",
-    "--gloo-timeout-seconds", "--nics", "--binding-args", "--check-build", "-cb",
+    "--gloo-timeout-seconds", "--nics", "--binding-args",
     "--version", "-v",
 }  # fmt: skip
 
@@ -110,6 +116,8 @@ _VALUED = {
     "--network-interface": "iface",
     "--network-interfaces": "iface",
     "--start-timeout": "start_timeout",
+    "--output-filename": "output_filename",
+    "--log-level": "log_level",
     # per-node mode (node_launch.py)
     "--nnodes": "nnodes",
     "--node-rank": "node_rank",
@@ -129,6 +137,14 @@ _VALUED = {
 }
 _REPEATED = {"-x": "env", "--env": "env"}
 _FLAGS = {"--gloo", "--verbose"}  # --gloo: we always are
+# Flags that set a variable for every rank.
+_ENV_FLAGS = {
+    "--log-without-timestamp": ("HOROVOD_LOG_HIDE_TIME", "1"),
+    "--log-hide-timestamp": ("HOROVOD_LOG_HIDE_TIME", "1"),
+    "--log-with-timestamp": ("HOROVOD_LOG_HIDE_TIME", "0"),
+}
+# csrc/core/log.h's levels (hvd_torch/log.py has the same list; hvdrun imports no torch).
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
 
 @dataclasses.dataclass
@@ -143,6 +159,8 @@ class Options:
     ssh: SshSettings = dataclasses.field(default_factory=SshSettings)
     iface: str | None = None
     extra_env: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    output_filename: str | None = None  # --output-filename DIR
+    check_build: bool = False  # -cb/--check-build: run the doctor, start no job
 
 
 def parse_args(argv: list[str], environ=None) -> Options | None:
@@ -163,6 +181,8 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
         name, eq, inline = arg.partition("=")
         if name in ("-h", "--help"):
             return None
+        if name in ("-cb", "--check-build"):
+            return Options(num_proc=None, command=[], check_build=True)
         if name in _UNSUPPORTED:
             raise UsageError(f"{name} is not supported yet by {PROG}")
         if name in _VALUED or name in _REPEATED or name in ENGINE_VALUED:
@@ -177,7 +197,7 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
                 engine_values[name] = inline
             else:
                 repeated.setdefault(_REPEATED[name], []).append(inline)
-        elif name in _FLAGS or name in ENGINE_FLAGS:
+        elif name in _FLAGS or name in ENGINE_FLAGS or name in _ENV_FLAGS:
             if eq:
                 raise UsageError(f"{name} takes no value")
             flags.add(name)
@@ -201,7 +221,7 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
         if not key:
             raise UsageError(f"-x needs NAME or NAME=VALUE, got {item!r}")
         opts.extra_env[key] = value if eq else None
-    opts.extra_env.update(engine_env(engine_values, flags & set(ENGINE_FLAGS)))
+        elif name in _FLAGS or name in ENGINE_FLAGS or name in _ENV_FLAGS:
     if "hosts" in values and "hostfile" in values:
         raise UsageError("give either -H/--hosts or --hostfile, not both")
     if "hostfile" in values:
@@ -215,14 +235,40 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
         raise UsageError("-np/--num-proc is required")
     if not command:
         raise UsageError("no command given to run")
+    if opts.output_filename is not None and opts.elastic is not None:
+        raise UsageError("--output-filename is not supported in elastic mode yet (a worker's "
+                         "rank changes from round to round)")
     if opts.elastic is None and opts.node is None:
         hosts = parse_host_list(values.get("hosts") or f"localhost:{opts.num_proc}")
         opts.static = StaticJob(
             placements=place_ranks(hosts, opts.num_proc), command=command,
             verbose=opts.verbose, start_timeout=opts.start_timeout, ssh=opts.ssh,
-            iface=opts.iface, extra_env=opts.extra_env,
+            iface=opts.iface, extra_env=opts.extra_env, output_filename=opts.output_filename,
         )  # fmt: skip
     return opts
+
+
+def _log_options(values: dict[str, str], flags: set[str], extra_env: dict) -> None:
+    """--log-level and the timestamp flags become variables every rank gets (like -x)."""
+    if "log_level" in values:
+        level = values["log_level"].strip().lower()
+        if level not in LOG_LEVELS:
+            raise UsageError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, "
+                             f"got {values['log_level']!r}")
+        extra_env["HOROVOD_LOG_LEVEL"] = level
+    for flag, (name, value) in _ENV_FLAGS.items():
+        if flag in flags:
+            extra_env[name] = value
+
+
+def run_check_build() -> int:
+    """-cb/--check-build: the doctor (hvd_torch/doctor.py) in a child interpreter, so
+    that hvdrun itself never imports torch."""
+    try:
+        return subprocess.call([sys.executable, "-m", "hvd_torch.doctor"])
+    except OSError as e:
+        sys.stderr.write(f"{PROG}: cannot run {sys.executable} -m hvd_torch.doctor: {e}\n")
+        return 1
 
 
 def _interface(text: str | None) -> str | None:
@@ -245,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     if opts is None:
         sys.stdout.write(USAGE)
         return 0
+    if opts.check_build:
+        return run_check_build()
     if opts.elastic is not None:
         return run_elastic(opts)
     if opts.node is not None:

@@ -23,6 +23,7 @@ Store keys (prefix hvdrun/):
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import socket
 import threading
@@ -30,7 +31,7 @@ import time
 
 from .args import UsageError, non_negative_int, positive_int
 from .env import rank_env
-from .output import note
+from .output import RankFiles, note
 from .processes import Processes
 from .slurm import node_defaults
 from .store import KVStoreClient, KVStoreServer, StoreError, secret_from_hex
@@ -133,7 +134,13 @@ def run_node(opts) -> int:
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             handlers[signum] = signal.signal(signum, lambda s, _f: received.append(s))
-    procs = Processes()
+    try:
+        files = (RankFiles(opts.output_filename, n.nnodes * n.nproc_per_node)
+                 if opts.output_filename else None)
+    except OSError as e:
+        note(f"error: --output-filename {opts.output_filename}: {e.strerror}")
+        return 1
+    procs = Processes(files)
     server = None
     try:
         if n.node_rank == 0:
@@ -204,6 +211,7 @@ def _run(opts, n: NodeOptions, client: KVStoreClient, procs, received, timeout: 
             rank, size, n.host, n.port, n.secret, local_rank=local_rank,
             local_size=n.nproc_per_node, cross_rank=n.node_rank, cross_size=n.nnodes,
             hostname=hostname, start_timeout=opts.start_timeout,
+            base={**os.environ, **{k: v for k, v in opts.extra_env.items() if v is not None}},
         )  # fmt: skip
         if opts.iface:
             env["HOROVOD_GLOO_IFACE"] = opts.iface

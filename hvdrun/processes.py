@@ -12,6 +12,7 @@ Threading: start/stop/signal_all from one thread; the pumps are daemon threads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 
-from .output import STREAM_LOCKS
+from .output import STREAM_LOCKS, RankFiles
 
 __all__ = [
     "GRACE_SECONDS", "POLL_SECONDS", "Processes", "close_stdin", "exit_code", "signal_group",
@@ -32,9 +33,11 @@ POLL_SECONDS = 0.05
 class Processes:
     """The running processes, in start order, and their output pumps."""
 
-    def __init__(self):
+    def __init__(self, files: RankFiles | None = None):
+        """files: --output-filename's per-rank files (labels are then ranks)."""
         self.procs: list[subprocess.Popen] = []
         self._pumps: list[threading.Thread] = []
+        self._files = files
 
     def start(self, label, command: list[str], env: dict[str, str], stdin: bytes | None = None):
         """Starts command; its output lines are prefixed with `[label]<stream>:`.
@@ -56,8 +59,9 @@ class Processes:
             except BrokenPipeError:
                 pass  # it died at once; its exit code tells why
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            copy = self._files.open(label, stream) if self._files is not None else None
             pump = threading.Thread(
-                target=_pump, args=(label, stream, pipe), name=f"hvdrun-{label}-{stream}",
+                target=_pump, args=(label, stream, pipe, copy), name=f"hvdrun-{label}-{stream}",
                 daemon=True,
             )  # fmt: skip
             pump.start()
@@ -103,10 +107,18 @@ def close_stdin(proc: subprocess.Popen) -> None:
             pass
 
 
-def _pump(label, stream: str, pipe) -> None:
+def _pump(label, stream: str, pipe, copy=None) -> None:
+    """Copies pipe's lines to our stream, prefixed, and to `copy` (a binary file
+    of --output-filename, closed here) as they are."""
     prefix = f"[{label}]<{stream}>:"
-    with pipe:
+    with pipe, copy if copy is not None else contextlib.nullcontext():
         for raw in iter(pipe.readline, b""):
+            if copy is not None:
+                try:
+                    copy.write(raw)
+                    copy.flush()
+                except OSError:
+                    pass  # a full disk must not stop the rank: the terminal still gets it
             line = raw.decode("utf-8", errors="replace")
             if not line.endswith("\n"):
                 line += "\n"

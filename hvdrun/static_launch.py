@@ -20,7 +20,7 @@ import threading
 from .env import forwarded_env, horovod_env
 from .hosts import Placement, is_local_host
 from .network import NetworkError, store_address
-from .output import note
+from .output import RankFiles, note
 from .processes import Processes
 from .ssh import SshSettings, check_reachable, remote_command
 from .store import KVStoreServer, make_secret
@@ -38,6 +38,7 @@ class StaticJob:
     ssh: SshSettings = dataclasses.field(default_factory=SshSettings)
     iface: str | None = None  # --network-interface / HOROVOD_GLOO_IFACE
     extra_env: dict[str, str | None] = dataclasses.field(default_factory=dict)  # -x
+    output_filename: str | None = None  # --output-filename DIR
 
 
 def run_static(job: StaticJob) -> int:
@@ -48,7 +49,12 @@ def run_static(job: StaticJob) -> int:
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             handlers[signum] = signal.signal(signum, lambda s, _f: received.append(s))
-    procs = Processes()
+    try:
+        files = RankFiles(job.output_filename, len(job.placements)) if job.output_filename else None
+    except OSError as e:
+        note(f"error: --output-filename {job.output_filename}: {e.strerror}")
+        return 1
+    procs = Processes(files)
     try:
         return _run(job, procs, received)
     finally:

@@ -85,3 +85,28 @@ class HvdrunJob:
                 fields = dict(f.split("=", 1) for f in rest.split(" ")[1:])
                 out.append((float(fields["t"]), fields))
         return out
+
+
+def run_hvdrun(args, env=None, cwd=None, timeout=90.0, merge_stderr=False):
+    """`python -m hvdrun args...` to the end; returns (exit code, stdout, stderr)
+    (stderr None with merge_stderr: then stdout has both, in order).
+
+    On a timeout hvdrun gets SIGTERM, which it forwards to its ranks (each in its
+    own session), then SIGKILL 10 s later; the test fails naming the output."""
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "hvdrun", *args], cwd=cwd, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                            text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(f"hvdrun {' '.join(args)}: no exit within {timeout}s\n{out}\n{err}")
+    return proc.returncode, out, err

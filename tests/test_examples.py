@@ -11,12 +11,14 @@ examples/digits_elastic.py: finishes under elastic hvdrun.
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hvdrun_job import run_hvdrun  # noqa: E402
+
 EXAMPLES = ROOT / "examples"
 # Per run; each takes 5-20 s on 2 busy cores, most of it starting the ranks.
 RUN_TIMEOUT = 90
@@ -24,27 +26,11 @@ IDENTICAL = re.compile(r"all 2 ranks hold identical weights \(sha256 prefix ([0-
 
 
 def _run_example(script, *args, timeout=RUN_TIMEOUT, np=2):
-    """`hvdrun -np NP python examples/<script> args...`; returns (exit code, output).
-
-    On a timeout the launcher gets SIGTERM, which it forwards to its ranks (each
-    in its own session), and SIGKILL if it is still there 10 s later.
-    """
-    cmd = [sys.executable, "-m", "hvd_torch.runner", "-np", str(np),
-           sys.executable, str(EXAMPLES / script), *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        raise AssertionError(f"{script} {' '.join(args)}: no exit within {timeout}s\n{out}")
-    return proc.returncode, out
+    """`hvdrun -np NP python examples/<script> args...`; returns (exit code, output)."""
+    code, out, _ = run_hvdrun(["-np", str(np), sys.executable, str(EXAMPLES / script), *args],
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
+                              timeout=timeout, merge_stderr=True)
+    return code, out
 
 
 def _stdout(out, rank=0):
@@ -144,3 +130,57 @@ def test_elastic_digits_under_elastic_hvdrun(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert "epoch 1: 2 workers, test accuracy" in proc.stdout, proc.stdout
     assert "done (pid" in proc.stdout
+
+
+def _scalars(logdir):
+    """{tag: [(step, value)]} from the TensorBoard event files under logdir, read as
+    TFRecords (length, crc, Event proto, crc) with tensorboardX's Event proto."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    found = {}
+    for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack_from("<Q", data, pos)
+            event = Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                found.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return found
+
+
+def test_digits_train_writes_tensorboard_scalars(tmp_path):
+    logdir = tmp_path / "tb"
+    lines, _, out = _digits("digits_train.py", tmp_path / "tb.pt", "--epochs", "2",
+                            "--logdir", str(logdir))
+    scalars = _scalars(logdir)
+    assert set(scalars) == {"train/loss", "val/accuracy", "train/samples_per_sec",
+                            "train/comm_seconds", "train/lr"}, scalars
+    for tag, points in scalars.items():
+        assert [step for step, _ in points] == [1, 2], (tag, points)
+    # The logged accuracy is the one rank 0 printed, per epoch.
+    printed = _epochs(lines)
+    for step, value in scalars["val/accuracy"]:
+        assert abs(100 * value - printed[step]) < 0.06, (value, printed)
+    assert scalars["train/loss"][1][1] < scalars["train/loss"][0][1]
+    assert all(v > 0 for _, v in scalars["train/samples_per_sec"])
+    assert all(0 < v < 60 for _, v in scalars["train/comm_seconds"])
+    # Only rank 0 writes.
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 1
+
+
+def test_progress_bars_are_optional(monkeypatch, capsys):
+    """Without tqdm the examples' loops run plain (examples/progress.py)."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `from tqdm import tqdm` fails
+    from progress import progress
+
+    bar = progress(range(3), desc="x", unit="batch")
+    assert [i * 2 for i in bar] == [0, 2, 4]
+    bar.set_postfix(loss="0.1")
+    bar.write("Iter #0: 12.5 img/sec")
+    bar.close()
+    assert capsys.readouterr().out == "Iter #0: 12.5 img/sec\n"

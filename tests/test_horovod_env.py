@@ -68,9 +68,19 @@ def test_every_horovod_knob_is_classified():
         if name in horovod_env.REFUSED:
             with pytest.raises(ValueError, match=f"{name}='7'"):
                 horovod_env.check({name: "7"})
-        elif name in horovod_env.HONOURED:
+        elif name in horovod_env.HONOURED and name not in horovod_env.HONOURED_VALUES:
             horovod_env.check({name: "7"})
     horovod_env.check({})
+
+
+def test_log_level_is_honoured_and_its_value_checked():
+    from hvd_torch import horovod_env
+
+    for level in ("trace", "DEBUG", "info", "warning", "Error", "fatal", ""):
+        horovod_env.check({"HOROVOD_LOG_LEVEL": level, "HOROVOD_LOG_HIDE_TIME": "1"})
+    with pytest.raises(ValueError, match="HOROVOD_LOG_LEVEL='7': not one of debug, error, "
+                                         "fatal, info, trace, warning"):
+        horovod_env.check({"HOROVOD_LOG_LEVEL": "7"})
 
 
 def _init_and_sum():

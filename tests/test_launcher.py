@@ -197,8 +197,8 @@ def test_command_not_found(capsys, launch):
     "flags",
     [
         ["--mpi"], ["--blacklist-cooldown-range", "10", "100"],
-        ["--tcp"], ["--cycle-time-ms", "5"],
-        ["--output-filename", "out"], ["--log-level", "INFO"], ["--config-file", "c.yaml"],
+        ["--tcp"], ["--prefix-output-with-timestamp"], ["--cycle-time-ms", "5"],
+        ["--config-file", "c.yaml"],
         ["--jsm"], ["--mpi-args=-x FOO"], ["--disable-cache"], ["--fusion-threshold-mb", "32"],
     ],
 )  # fmt: skip

@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include "address.h"
+#include "log.h"
 
 #include <poll.h>
 #include <sched.h>
@@ -43,6 +44,7 @@ std::shared_ptr<Engine> Engine::start(const Topology& topology, const EngineConf
   if (engine->wake_fd_ < 0) throw std::runtime_error("eventfd failed");
   engine->connect(make_backend, generation);
   engine->startObservers();
+  HVD_LOG(kDebug) << "rank " << topology.rank << " of " << topology.size << ": engine connected";
   engine->thread_ = std::thread([e = engine.get()] { e->loop(); });
   return engine;
 }
@@ -649,6 +651,9 @@ std::pair<Plane, int> planeOf(const Response& response, const std::vector<Entry*
 void Engine::run(const Response& response) {
   auto set = runtimes_.find(response.process_set);
   if (set == runtimes_.end()) return;  // another set's op: nothing for us to do
+  HVD_LOG(kTrace) << "rank " << topology_.rank << ": run " << response.names.size()
+                  << " op(s) of process set " << response.process_set << ", first '"
+                  << (response.names.empty() ? "" : response.names[0]) << "'";
   SetRuntime& rt = set->second;  // a reference stays valid if openProcessSet rehashes
   std::vector<Entry*> entries;
   std::vector<Entry> phantoms;
@@ -784,10 +789,9 @@ void Engine::checkStalls() {
   }
   if (warn && now - last_stall_warning_ >= config_.stall_warning) {
     last_stall_warning_ = now;
-    std::fprintf(stderr,
-                 "[hvd_torch] WARNING: stall: ranks are waiting for collectives other ranks have "
-                 "not submitted (HOROVOD_STALL_CHECK_TIME_SECONDS=%ld):%s\n",
-                 static_cast<long>(config_.stall_warning.count()), report.str().c_str());
+    HVD_LOG(kWarning) << "stall: ranks are waiting for collectives other ranks have not "
+                         "submitted (HOROVOD_STALL_CHECK_TIME_SECONDS="
+                      << config_.stall_warning.count() << "):" << report.str();
   }
 }
 
@@ -816,6 +820,7 @@ std::string Engine::diagnosePeerFailure() {
 }
 
 void Engine::fail(const Status& status) {
+  HVD_LOG(kDebug) << "rank " << topology_.rank << ": failing pending ops: " << status.message;
   std::deque<Entry> queued;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -5,6 +5,7 @@
 #include "../backends/gloo/gloo_backend.h"
 #include "../backends/host_backend.h"
 #include "../core/engine_registry.h"
+#include "../core/log.h"
 #include "../torch/adapter.h"
 #include "../torch/device_io.h"
 
@@ -21,6 +22,7 @@ hvd::Topology topology(const char* what) {
 
 void init() {
   if (currentEngine() != nullptr) return;  // Horovod: a second init() is a no-op
+  hvd::configureLogging();                  // HOROVOD_LOG_LEVEL may have changed since
   hvd::Topology topo = hvd::Topology::fromEnvironment();
   hvd::EngineConfig config = hvd::EngineConfig::fromEnvironment();
   std::shared_ptr<hvd::Engine> engine;
@@ -105,6 +107,16 @@ PYBIND11_MODULE(_C, m) {
     return std::make_pair(t.fusion_threshold, t.inline_threshold);
   });
   m.def("gloo_library_path", &hvd::glooLibraryPath);
+  // The torch version (major.minor.patch) whose headers compiled this extension, so
+  // the doctor can tell a stale hvd_torch/_build_info.py from the .so it describes.
+  m.def("built_with_torch", [] {
+#ifdef TORCH_VERSION_MAJOR
+    return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+           std::to_string(TORCH_VERSION_PATCH);
+#else
+    return std::string("unknown");
+#endif
+  });
   m.def("gloo_built", [] { return true; });
   m.def("shm_built", [] { return true; });
   // What this build compiled, decided once by setup.py (cuda_enabled, nccl_paths).
