@@ -221,7 +221,9 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
         if not key:
             raise UsageError(f"-x needs NAME or NAME=VALUE, got {item!r}")
         opts.extra_env[key] = value if eq else None
-        elif name in _FLAGS or name in ENGINE_FLAGS or name in _ENV_FLAGS:
+    opts.extra_env.update(engine_env(engine_values, flags & set(ENGINE_FLAGS)))
+    _log_options(values, flags, opts.extra_env)
+    opts.output_filename = values.get("output_filename")
     if "hosts" in values and "hostfile" in values:
         raise UsageError("give either -H/--hosts or --hostfile, not both")
     if "hostfile" in values:
