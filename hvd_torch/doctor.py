@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -46,7 +47,8 @@ total = hvd.allreduce(torch.full((1024,), float(r + 1)), op=hvd.Sum, name="docto
 assert torch.equal(total, torch.full((1024,), n * (n + 1) / 2.0)), total[:4]
 root = hvd.broadcast(torch.tensor([10.0 * r + 7.0]), root_rank=0, name="doctor.broadcast")
 assert root.item() == 7.0, root
-print(f"doctor-ok rank {r} of {n}: allreduce {total[0].item():g}", flush=True)
+plane = hvd._C.backend_name()
+print(f"doctor-ok rank {r} of {n}: allreduce {total[0].item():g} plane={plane}", flush=True)
 hvd.shutdown()
 """
 
@@ -183,7 +185,8 @@ def _loopback(report: Report, nranks: int) -> None:
     elapsed = time.monotonic() - start
     oks = proc.stdout.count("doctor-ok")
     if proc.returncode == 0 and oks == nranks:
-        report.ok(f"{what} ({elapsed:.1f} s)")
+        planes = sorted(set(re.findall(r"plane=(\w+)", proc.stdout)))
+        report.ok(f"{what} ({elapsed:.1f} s; data plane: {', '.join(planes)})")
         return
     hint = ("the extension or the engine fails on its own: see the output below"
             if nranks == 1 else

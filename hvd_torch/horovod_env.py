@@ -9,8 +9,8 @@ is a ValueError naming every offending variable, its value, what it does in
 Horovod and what to do instead.
 
 A variable is refused only when its value asks for something hvd-torch does
-not do: HOROVOD_HIERARCHICAL_ALLREDUCE=0 or HOROVOD_CONTROLLER=gloo describe
-what hvd-torch does anyway and are accepted; =1 or =mpi are refused.
+not do: HOROVOD_CONTROLLER=gloo describes what hvd-torch does anyway and is
+accepted; =mpi is refused.
 """
 
 import os
@@ -49,6 +49,10 @@ HONOURED = {
     "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "training steps scored per trial",
     "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "most trials (the search is a grid, not Bayesian)",
     "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "accepted and unused (no Gaussian process)",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": "0: allreduce across hosts without the shared-memory "
+                                      "step inside each (default 1 where a host has 2+ ranks)",
+    "HOROVOD_HIERARCHICAL_ALLGATHER": "0: allgather across hosts without the shared-memory "
+                                      "step inside each (default 1 where a host has 2+ ranks)",
     "HOROVOD_LOG_LEVEL": "engine and hvd_torch logger level: trace, debug, info, warning, error, fatal",
     "HOROVOD_LOG_HIDE_TIME": "1: log lines without the time stamp",
 }
@@ -65,8 +69,6 @@ ACCEPTED_VALUES = {
     "HOROVOD_CPU_OPERATIONS": ({"gloo"}, "CPU collectives run on Gloo"),
     "HOROVOD_DYNAMIC_PROCESS_SETS": (None, "process sets can always be added and removed"),
     "HOROVOD_MPI_THREADS_DISABLE": (None, "there is no MPI"),
-    "HOROVOD_HIERARCHICAL_ALLREDUCE": ({"0", ""}, "allreduce is never hierarchical"),
-    "HOROVOD_HIERARCHICAL_ALLGATHER": ({"0", ""}, "allgather is never hierarchical"),
     "HOROVOD_TORUS_ALLREDUCE": ({"0", ""}, "allreduce is never a torus"),
     "HOROVOD_DISABLE_GROUP_FUSION": ({"0", ""}, "grouped ops fuse with others"),
     "HOROVOD_ENABLE_ASYNC_COMPLETION": ({"0", ""}, "CPU ops complete on the engine thread"),

@@ -61,9 +61,13 @@ ENGINE_VALUED = {
     "--autotune-gaussian-process-noise": ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
                                           non_negative_float),
 }  # fmt: skip
-ENGINE_FLAGS = {
+ENGINE_FLAGS = {  # flag -> variable set to "1", or (variable, value)
     "--timeline-mark-cycles": "HOROVOD_TIMELINE_MARK_CYCLES",
     "--autotune": "HOROVOD_AUTOTUNE",
+    "--hierarchical-allreduce": "HOROVOD_HIERARCHICAL_ALLREDUCE",
+    "--no-hierarchical-allreduce": ("HOROVOD_HIERARCHICAL_ALLREDUCE", "0"),
+    "--hierarchical-allgather": "HOROVOD_HIERARCHICAL_ALLGATHER",
+    "--no-hierarchical-allgather": ("HOROVOD_HIERARCHICAL_ALLGATHER", "0"),
 }
 
 
@@ -76,5 +80,7 @@ def engine_env(values: dict[str, str], flags: set[str]) -> dict[str, str]:
         variable, check = ENGINE_VALUED[flag]
         env[variable] = check(text) if check is os.path.abspath else str(check(flag, text))
     for flag in flags:
-        env[ENGINE_FLAGS[flag]] = "1"
+        target = ENGINE_FLAGS[flag]
+        variable, value = (target, "1") if isinstance(target, str) else target
+        env[variable] = value
     return env

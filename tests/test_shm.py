@@ -1,8 +1,10 @@
 """The shared-memory data plane (csrc/backends/shm): every op and dtype against a
 reference on 2 and 3 ranks, with slots small enough that each op runs many rounds;
-the choice per process set (shm on one host, Gloo across hosts or when any rank
-says HVD_TORCH_SHM=0); a rank killed in the middle of a shm collective; and a soak
-of 100k small ops with no growth in memory or open files."""
+the same across hosts (hierarchical: shm inside each host, Gloo between leaders),
+with host names faked per rank; the choice per process set (shm on one host,
+hierarchical or Gloo across hosts, Gloo when any rank says HVD_TORCH_SHM=0); a rank
+killed in the middle of a shm collective; and a soak of 100k small ops with no
+growth in memory or open files."""
 
 import os
 import signal
@@ -25,15 +27,17 @@ def _rank_input(torch, dtype, rank, n):
     return ((torch.arange(n) * 7 + rank * 3) % 5 + 1).to(dtype)
 
 
-def _every_op(n_elems):
+def _every_op(n_elems, plane="shm", hosts=None):
     import torch
 
     import hvd_torch as hvd
     from hvd_torch import _C
 
+    if hosts:  # the launcher's host names, faked: which ranks share a host
+        os.environ["HOROVOD_HOSTNAME"] = hosts[int(os.environ["HOROVOD_RANK"])]
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    assert _C.backend_name() == "shm"
+    assert _C.backend_name() == plane, _C.backend_name()
     checked = 0
     for name in DTYPES:
         dtype = getattr(torch, name)
@@ -69,9 +73,10 @@ def _every_op(n_elems):
         assert torch.equal(gathered, expect), name
         big = hvd.allgather(ins[rank], name=f"agbig.{name}")
         assert torch.equal(big, torch.cat(ins)), name
-        # Broadcast from the last rank.
-        b = hvd.broadcast(ins[rank], root_rank=size - 1, name=f"bc.{name}")
-        assert torch.equal(b, ins[size - 1]), name
+        # Broadcast from every rank.
+        for root in range(size):
+            b = hvd.broadcast(ins[rank], root_rank=root, name=f"bc.{name}.{root}")
+            assert torch.equal(b, ins[root]), (name, root)
         # Alltoall with uneven splits: rank r sends (r + d) % 3 + 1 rows to d.
         splits = torch.tensor([(rank + d) % 3 + 1 for d in range(size)])
         rows = int(splits.sum())
@@ -102,6 +107,21 @@ def test_every_op_and_dtype_through_many_rounds(nranks):
     # 1001 elements: not a multiple of any piece, so last pieces are short.
     out = run_ranks(_every_op, nranks, args=(1001,), env=SMALL_SLOTS, timeout=240)
     assert out == [len(DTYPES)] * nranks
+
+
+@pytest.mark.parametrize("hosts", [["a", "a", "b", "b"], ["a", "b", "a"], ["a", "b", "b"]])
+def test_every_op_and_dtype_across_hosts_hierarchical(hosts):
+    # ["a", "b", "a"]: a host's ranks need not be contiguous.
+    out = run_ranks(_every_op, len(hosts), args=(1001, "shm+gloo", hosts), env=SMALL_SLOTS,
+                    timeout=300)
+    assert out == [len(DTYPES)] * len(hosts)
+
+
+def test_hierarchical_off_is_flat_gloo():
+    env = dict(SMALL_SLOTS, HOROVOD_HIERARCHICAL_ALLREDUCE="0",
+               HOROVOD_HIERARCHICAL_ALLGATHER="0")
+    out = run_ranks(_every_op, 3, args=(1001, "gloo", ["a", "a", "b"]), env=env, timeout=300)
+    assert out == [len(DTYPES)] * 3
 
 
 def _bool_and_large():
@@ -158,9 +178,9 @@ def _backends_by_set(hosts, shm_off_rank):
 def test_shm_inside_a_host_gloo_across_hosts():
     # Ranks 0 and 1 share host "a"; rank 2 is alone on "b".
     out = run_ranks(_backends_by_set, 3, args=(["a", "a", "b"], -1), timeout=120)
-    assert out[0] == {"global": "gloo", "pair": "shm"}
-    assert out[1] == {"global": "gloo", "pair": "shm", "tail": "gloo"}
-    assert out[2] == {"global": "gloo", "tail": "gloo"}
+    assert out[0] == {"global": "shm+gloo", "pair": "shm"}
+    assert out[1] == {"global": "shm+gloo", "pair": "shm", "tail": "gloo"}
+    assert out[2] == {"global": "shm+gloo", "tail": "gloo"}
 
 
 def test_one_rank_turning_shm_off_turns_it_off_for_its_sets():

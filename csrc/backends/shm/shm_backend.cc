@@ -268,12 +268,6 @@ void ShmBackend::barrier() { sync_.barrier("barrier"); }
 
 namespace {
 
-// What a member says about itself before the set decides.
-std::string describeSelf(const EngineConfig& config) {
-  const bool wanted = envInt("HVD_TORCH_SHM", 1) != 0;
-  return std::string(wanted ? "1" : "0") + "|" + config.hostname + "|" + shmHostIdentity();
-}
-
 std::string uniqueName() {
   std::random_device rd;
   return "/hvd_torch." + std::to_string(::getpid()) + "." + std::to_string(rd()) +
@@ -289,7 +283,7 @@ std::unique_ptr<Backend> tryShmBackend(const Topology& topology, const EngineCon
   const auto timeout = config.start_timeout;
   const std::string key = prefix + "shm/";
   // 1. Every member's host, namespaces and wish: shm only if all agree.
-  store.set(key + "self/" + std::to_string(me), describeSelf(config) + "|" +
+  store.set(key + "self/" + std::to_string(me), shmHostIdentity() + "|" +
                                                     std::to_string(::getpid()));
   std::vector<int> pids(n);
   std::string common;
@@ -300,7 +294,7 @@ std::unique_ptr<Backend> tryShmBackend(const Topology& topology, const EngineCon
     pids[r] = std::stoi(v.substr(bar + 1));
     v.resize(bar);
     if (r == 0) common = v;
-    same = same && v == common && v[0] == '1';
+    same = same && v == common;
   }
   if (!same) return nullptr;
   // 2. Rank 0 makes the segment; the others map it; rank 0 unlinks the name

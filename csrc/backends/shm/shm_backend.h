@@ -64,10 +64,10 @@ class ShmBackend : public Backend {
   uint64_t rounds_ = 0;
 };
 
-// Makes a ShmBackend for the set when every member is on this host and can
-// map a segment, agreeing through the store under `prefix`; null otherwise
-// (every member reaches the same answer). HVD_TORCH_SHM=0 on any member
-// turns it off for the set.
+// Makes a ShmBackend for the group of `topology` (its rank and size) when
+// every member can map one segment and watch the others' processes (one
+// machine, one pid and IPC namespace), agreeing through the store under
+// `prefix`; null otherwise (every member reaches the same answer).
 std::unique_ptr<Backend> tryShmBackend(const Topology& topology, const EngineConfig& config,
                                        StoreClient& store, const std::string& prefix);
 
