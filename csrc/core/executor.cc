@@ -34,6 +34,7 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
     case OpType::kAllreduce:
       return allreduce(entries, divisor);
     case OpType::kAllgather:
+      if (entries.size() > 1 && backend_ != nullptr) return allgatherFused(response, entries);
       for (size_t i = 0; i < entries.size(); ++i) {
         Response one = response;
         one.first_dims = {response.first_dims[i]};
@@ -41,6 +42,7 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
       }
       return;
     case OpType::kBroadcast:
+      if (entries.size() > 1 && backend_ != nullptr) return broadcastFused(entries);
       for (Entry* e : entries) broadcast(*e);
       return;
     case OpType::kBarrier:
@@ -175,6 +177,75 @@ void Executor::allgather(const Response& response, Entry& e) {
   std::vector<size_t> counts;
   for (int64_t d : dims) counts.push_back(static_cast<size_t>(d * row));
   backend_->allgatherv(e.input, out, counts, e.request.dtype);
+}
+
+// Several allgathers as one: this rank's inputs packed into the front of the
+// fusion buffer, one allgatherv whose per-rank count is the sum over the
+// tensors, then each tensor's rows copied out of every rank's block.
+void Executor::allgatherFused(const Response& response, const std::vector<Entry*>& entries) {
+  const DataType dtype = entries[0]->request.dtype;
+  const size_t elem = dataTypeSize(dtype);
+  const size_t k = entries.size();
+  std::vector<size_t> counts(size_, 0);  // elements per rank, all tensors
+  std::vector<char*> outs(k);
+  for (size_t i = 0; i < k; ++i) {
+    const std::vector<int64_t>& dims = response.first_dims[i];
+    const int64_t row = entries[i]->request.rowElements();
+    entries[i]->work->setFirstDims(dims);
+    outs[i] = static_cast<char*>(
+        entries[i]->allocate(std::accumulate(dims.begin(), dims.end(), int64_t{0})));
+    for (int r = 0; r < size_; ++r) counts[r] += static_cast<size_t>(dims[r] * row);
+  }
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  if (total == 0) return;
+  char* in = static_cast<char*>(memory_->scratch((counts[rank_] + total) * elem));
+  char* out = in + counts[rank_] * elem;
+  {
+    TimelineSpan copy_in(timeline_, rows_, "MEMCPY_IN_FUSION_BUFFER");
+    size_t off = 0;
+    for (Entry* e : entries) {
+      memory_->copy(in + off, e->input, e->request.numBytes());
+      off += e->request.numBytes();
+    }
+  }
+  backend_->allgatherv(in, out, counts, dtype);
+  TimelineSpan copy_out(timeline_, rows_, "MEMCPY_OUT_FUSION_BUFFER");
+  const char* block = out;  // rank r's block: its rows of tensor 0, 1, ...
+  std::vector<size_t> written(k, 0);
+  for (int r = 0; r < size_; ++r) {
+    for (size_t i = 0; i < k; ++i) {
+      const size_t bytes = static_cast<size_t>(response.first_dims[i][r] *
+                                               entries[i]->request.rowElements()) * elem;
+      memory_->copy(outs[i] + written[i], block, bytes);
+      written[i] += bytes;
+      block += bytes;
+    }
+  }
+}
+
+// Several broadcasts from one root as one, through the fusion buffer.
+void Executor::broadcastFused(const std::vector<Entry*>& entries) {
+  const Request& q = entries[0]->request;
+  size_t total = 0;
+  for (Entry* e : entries) total += e->request.numBytes();
+  if (total == 0) return;
+  char* buf = static_cast<char*>(memory_->scratch(total));
+  const int root = ranks_.empty() ? q.root_rank : indexIn(ranks_, q.root_rank);
+  if (rank_ == root) {
+    TimelineSpan copy_in(timeline_, rows_, "MEMCPY_IN_FUSION_BUFFER");
+    size_t off = 0;
+    for (Entry* e : entries) {
+      memory_->copy(buf + off, e->input, e->request.numBytes());
+      off += e->request.numBytes();
+    }
+  }
+  backend_->broadcast(buf, total / dataTypeSize(q.dtype), q.dtype, root);
+  TimelineSpan copy_out(timeline_, rows_, "MEMCPY_OUT_FUSION_BUFFER");
+  size_t off = 0;
+  for (Entry* e : entries) {
+    memory_->copy(e->output, buf + off, e->request.numBytes());
+    off += e->request.numBytes();
+  }
 }
 
 void Executor::broadcast(Entry& e) {

@@ -4,13 +4,19 @@ namespace hvd {
 
 namespace {
 
+// Allreduce, allgather and broadcast fuse: one collective over a packed
+// buffer (executor.cc) instead of one per tensor.
 bool fusable(const ReadyOp& op) {
-  return op.response.kind == Response::kExecute && op.response.type == OpType::kAllreduce;
+  const OpType t = op.response.type;
+  return op.response.kind == Response::kExecute &&
+         (t == OpType::kAllreduce || t == OpType::kAllgather || t == OpType::kBroadcast);
 }
 
 bool sameGroup(const Request& a, const Request& b) {
-  return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
-         a.postscale == b.postscale && a.process_set == b.process_set && a.plane == b.plane;
+  return a.type == b.type && a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
+         a.prescale == b.prescale && a.postscale == b.postscale &&
+         a.process_set == b.process_set && a.plane == b.plane &&
+         (a.type != OpType::kBroadcast || a.root_rank == b.root_rank);
 }
 
 }  // namespace
@@ -37,6 +43,8 @@ std::vector<Response> planFusion(std::vector<ReadyOp> ready, size_t threshold_by
       bytes += more;
       group.names.push_back(ready[j].response.names[0]);
       group.cache_ids.push_back(ready[j].response.cache_ids[0]);
+      if (!ready[j].response.first_dims.empty())
+        group.first_dims.push_back(ready[j].response.first_dims[0]);
       if (!ready[j].response.templates.empty())
         group.templates.push_back(ready[j].response.templates[0]);
     }

@@ -301,16 +301,22 @@ TEST(allgather_first_dims_per_rank) {
   CHECK_EQ(rank_count.kind, Response::kError);
 }
 
-TEST(allgathers_and_broadcasts_are_not_fused) {
+TEST(allgathers_fuse_and_broadcasts_fuse_per_root) {
   Coordinator c(2, kBigFusion, 16);
   for (int r = 0; r < 2; ++r) {
     c.add(arrive(r, req("g1", {2}, DataType::kFloat32, OpType::kAllgather)));
-    c.add(arrive(r, req("g2", {2}, DataType::kFloat32, OpType::kAllgather)));
+    c.add(arrive(r, req("g2", {r + 1}, DataType::kFloat32, OpType::kAllgather)));
     c.add(arrive(r, req("b1", {2}, DataType::kFloat32, OpType::kBroadcast)));
     c.add(arrive(r, req("b2", {2}, DataType::kFloat32, OpType::kBroadcast)));
+    Request other_root = req("b3", {2}, DataType::kFloat32, OpType::kBroadcast);
+    other_root.root_rank = 1;
+    c.add(arrive(r, other_root));
+    c.add(arrive(r, req("g3", {2}, DataType::kInt32, OpType::kAllgather)));
   }
   std::vector<Response> out = c.takeReady();
-  CHECK_EQ(order(out), (std::vector<std::string>{"g1", "g2", "b1", "b2"}));
+  // One collective per (op, dtype, root); each allgather keeps its own rows.
+  CHECK_EQ(order(out), (std::vector<std::string>{"g1+g2", "b1+b2", "b3", "g3"}));
+  CHECK_EQ(out[0].first_dims, (std::vector<std::vector<int64_t>>{{2, 2}, {1, 2}}));
 }
 
 TEST(barrier_is_done_without_data) {
