@@ -323,7 +323,9 @@ def worker(args):
     log = print if rank == 0 else (lambda *a, **k: None)
     mpi_info = None
     if MPI is not None:
-        mpi_info = {"library": MPI.Get_library_version().splitlines()[0].strip(),
+        # "Open MPI v4.1.4, package: Debian OpenMPI, ident: ..., repo rev: ...\0"
+        library = ", ".join(MPI.Get_library_version().replace("\0", "").split(", ")[:2])
+        mpi_info = {"library": library.strip(),
                     "mpi4py": __import__("mpi4py").__version__,
                     "transport": "pml ob1, btl self + shared memory (vader/sm)"}  # fmt: skip
     log(f"# hvd-torch {hvd.__version__}, torch {torch.__version__}, {size} ranks on "

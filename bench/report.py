@@ -46,17 +46,18 @@ class OpTable:
     def __init__(self, op, size, torch_call, mpi_call=None):
         self.op, self.size, self.torch_call, self.mpi_call = op, size, torch_call, mpi_call
         self.printed = False
-        self.keys = []
+        self.keys, self.ratio_w = [], RATIO_W
 
     def header(self, keys):
         self.printed, self.keys = True, keys
         forms = [k[4:] for k in hvd_keys(dict.fromkeys(keys))]
+        self.ratio_w = w = max(RATIO_W, max(len(f) for f in forms) + 2)
         bases = [b for b in ("torch", "mpi") if b in keys]
         top = "".join(f"{k:^{GROUP_W}}" for k in keys)
-        top += "".join(f"{b + '/hvd':^{RATIO_W * len(forms)}}" for b in bases)
+        top += "".join(f"{b + '/hvd':^{w * len(forms)}}" for b in bases)
         calls = f"torch: {self.torch_call}" + (f", mpi: {self.mpi_call}" if self.mpi_call else "")
         sub = f"{'time(us)':>{TIME_W}} {'algbw':>{BW_W}} {'busbw':>{BW_W}} " * len(keys)
-        sub += "".join(f"{f:>{RATIO_W}}" for f in forms) * len(bases)
+        sub += "".join(f"{f:>{w}}" for f in forms) * len(bases)
         return (
             f"#\n# {self.op}, {self.size} ranks ({calls}); algbw, busbw in GB/s\n#\n"
             f"# {'':>21} {top}\n# {'size(B)':>10} {'count':>10} {sub}"
@@ -69,7 +70,7 @@ class OpTable:
             f"{res[k]['busbw_GBps']:>{BW_W}.3f} "
             for k in self.keys
         )
-        cells += "".join(f"{v:>{RATIO_W}.2f}" for v in row["ratios"].values())
+        cells += "".join(f"{v:>{self.ratio_w}.2f}" for v in row["ratios"].values())
         return f"  {row['bytes']:>10} {row['count']:>10} {cells}"
 
 
@@ -195,6 +196,13 @@ def targets_lines(result):
     return lines
 
 
+def line_style(key):
+    """One colour per library in every panel; hvd-torch's functional form dashed."""
+    color = {"hvd": "C0", "torch": "C1", "mpi": "C2"}[key.split()[0]]
+    functional = key.startswith("hvd ") and not key.endswith("_")
+    return {"color": color, "linestyle": "--" if functional else "-"}
+
+
 def plot(result, path):
     """busbw vs size, one panel per op, one line per library form; returns why not, or None."""
     try:
@@ -202,6 +210,7 @@ def plot(result, path):
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return "matplotlib is not installed; make bench-setup installs it"
     ops = list(dict.fromkeys(r["op"] for r in result["rows"]))
@@ -215,8 +224,11 @@ def plot(result, path):
         for key in rows[0]["results"]:
             label = f"torch gloo {result['torch_calls'][op]}" if key == "torch" else key
             ax.plot([r["bytes"] for r in rows], [r["results"][key]["busbw_GBps"] for r in rows],
-                    marker="o", markersize=3, label=label)  # fmt: skip
+                    marker="o", markersize=3, label=label, **line_style(key))  # fmt: skip
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: fmt_bytes(
+            int(x))))  # fmt: skip
         ax.set_title(f"{op}, {result['np']} ranks")
         ax.set_xlabel("size (bytes)")
         ax.set_ylabel("busbw (GB/s)")
