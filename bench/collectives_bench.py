@@ -23,7 +23,7 @@ alike. bench/README.md describes every column; in short:
 Each timed set runs `iters` iterations over distinct pre-filled buffers; every
 result is checked after the set (a wrong answer fails the run). A set's time is
 the slowest rank's; the reported time is the median over --reps sets.
-Iterations shrink with size (at most --iters, about 256 MiB per set, at least 3).
+Iterations shrink with size (at most --iters, about 64 MiB per set, at least 3).
 
   algbw = size / time;  busbw = algbw x nccl-tests' factor (2(n-1)/n allreduce,
           (n-1)/n allgather, reducescatter, alltoall, 1 broadcast)
@@ -40,6 +40,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import statistics
@@ -56,7 +57,7 @@ import collectives  # noqa: E402  (after the path fix-up)
 import report  # noqa: E402
 from sizes import parse_size  # noqa: E402
 
-SET_BUDGET_BYTES = 256 << 20  # bytes per timed set, which bounds the buffers
+SET_BUDGET_BYTES = 64 << 20  # bytes per timed set (bounds the buffers and the run time)
 MANY_SET_BUDGET_OPS = 2000  # ops per timed set in the many-tensor section
 MIN_ITERS = 3
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "int8")
@@ -106,6 +107,8 @@ def parse_args(argv=None, prog=None):
                    help="KxS,...: K allreduces of S bytes vs one of K*S ('' to skip)")
     p.add_argument("--mpi", action="store_true",
                    help="start the ranks with mpirun and add Open MPI's column (needs mpi4py)")
+    p.add_argument("--mpi-args", default="",
+                   help="more mpirun options, e.g. '--mca mpi_yield_when_idle 1'")
     p.add_argument("--json", default=None,
                    help="results file (default bench/results/collectives_<np>.json)")
     p.add_argument("--plot", default=None, help="PNG of busbw vs size (default: next to --json)")
@@ -134,7 +137,7 @@ def mpi_available():
     return None
 
 
-def mpirun_command(num_proc, script_cmd):
+def mpirun_command(num_proc, script_cmd, extra=""):
     """mpirun on this machine: ranks unbound (as hvdrun starts them), ob1 over Open MPI's
     shared-memory BTL (vader in 4.x, sm in 5.x), never UCX, so MPI moves its data the
     way the comparison claims."""
@@ -148,7 +151,7 @@ def mpirun_command(num_proc, script_cmd):
         cmd.append("--allow-run-as-root")
     for name in ("PATH", "PYTHONPATH", "HVD_BENCH_STORE", "HVD_BENCH_SECRET", "HVD_BENCH_MPI"):
         cmd += ["-x", name]
-    return cmd + script_cmd
+    return cmd + shlex.split(extra) + script_cmd
 
 
 def launch(args, argv):
@@ -171,7 +174,7 @@ def launch(args, argv):
             env.update(HVD_BENCH_STORE=store.address, HVD_BENCH_SECRET=secret_to_hex(secret),
                        HVD_BENCH_MPI="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")  # fmt: skip
-            return run_forwarding_signals(mpirun_command(num_proc, script), env)
+            return run_forwarding_signals(mpirun_command(num_proc, script, args.mpi_args), env)
     if args.mpi:
         print(f"# note: no MPI column: {why_not}", flush=True)
     cmd = [sys.executable, "-m", "hvdrun", "-np", str(num_proc), *script]
@@ -327,7 +330,8 @@ def worker(args):
         library = ", ".join(MPI.Get_library_version().replace("\0", "").split(", ")[:2])
         mpi_info = {"library": library.strip(),
                     "mpi4py": __import__("mpi4py").__version__,
-                    "transport": "pml ob1, btl self + shared memory (vader/sm)"}  # fmt: skip
+                    "transport": "pml ob1, btl self + shared memory (vader/sm)"
+                    + (f", {args.mpi_args}" if args.mpi_args else "")}  # fmt: skip
     log(f"# hvd-torch {hvd.__version__}, torch {torch.__version__}, {size} ranks on "
         f"{platform.node()} ({os.cpu_count()} CPUs), dtype {args.dtype}, warmup {args.warmup}, "
         f"median of {args.reps} sets; load average {load_start[0]:.2f}")  # fmt: skip
