@@ -269,6 +269,15 @@ def summarize(set_times, nbytes, factor):
     }
 
 
+def fresh_engine(hvd):
+    """Restarts hvd-torch's engine, so that a section starts with an empty response cache,
+    as a job using only that section's names would: the cache holds at most
+    HOROVOD_CACHE_CAPACITY (1024) names and never evicts one, so the names of earlier
+    sections would push the 1000-tensor case past it."""
+    hvd.shutdown()
+    hvd.init()
+
+
 def torch_process_group(torch, dist, hvd):
     """A gloo group on 127.0.0.1; rank 0's store takes a free port, sent by hvd.broadcast."""
     rank, size = hvd.rank(), hvd.size()
@@ -343,6 +352,7 @@ def worker(args):
     torch_calls = {op: name for op, (name, _) in collectives.torch_ops(dist).items()}
     rows = []
     for op in args.ops:
+        fresh_engine(hvd)
         factor = collectives.BUSBW_FACTORS[op](size)
         lines = report.OpTable(op, size, torch_calls[op], 
                                collectives.MPI_CALLS[op] if MPI is not None else None)
@@ -371,6 +381,7 @@ def worker(args):
     if args.many:
         log(report.many_header(size, MPI is not None))
     for tensors, nbytes in args.many:
+        fresh_engine(hvd)
         count = max(1, nbytes // itemsize)
         iters = iterations(args, tensors * count * itemsize, tensors)
         case = collectives.ManyCase(torch, tensors, count, dtype, iters, rank, size)
