@@ -36,6 +36,7 @@ and, next to it, a PNG of busbw against size (when matplotlib is installed).
 """
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -242,8 +243,9 @@ def timed_set(case, impl, iters):
     return seconds
 
 
-def measure(case, impls, args, hvd, torch, tag):
+def measure(case, impls, env, tag):
     """{impl key: [seconds per iteration of each set, the slowest rank's]}."""
+    args, hvd, torch = env.args, env.hvd, env.torch
     warmup = min(args.warmup, case.iters)
     for impl in impls:
         if warmup:
@@ -314,6 +316,80 @@ def import_mpi(args, notes):
     return MPI
 
 
+@dataclasses.dataclass
+class Env:
+    """What every section needs: the arguments, the libraries, this rank, rank 0's log."""
+
+    args: argparse.Namespace
+    hvd: object
+    torch: object
+    dist: object
+    MPI: object  # None without --mpi
+    dtype: object
+    itemsize: int
+    rank: int
+    size: int
+    log: object
+
+
+def run_op(env, op, torch_call):
+    """One op's table: every size, every library form; returns its rows."""
+    fresh_engine(env.hvd)
+    factor = collectives.BUSBW_FACTORS[op](env.size)
+    mpi_call = collectives.MPI_CALLS[op] if env.MPI is not None else None
+    table, rows, seen = report.OpTable(op, env.size, torch_call, mpi_call), [], set()
+    for nbytes in byte_sizes(env.args):
+        count = collectives.op_count(op, nbytes // env.itemsize, env.size)
+        if count in seen:  # small sizes that round to the same count
+            continue
+        seen.add(count)
+        iters = iterations(env.args, count * env.itemsize)
+        case = collectives.Case(env.torch, op, count, env.dtype, iters, env.rank, env.size)
+        impls = collectives.hvd_impls(env.hvd, case) + [collectives.torch_impl(env.dist, case)]
+        if env.MPI is not None:
+            impls.append(collectives.mpi_impl(env.MPI, case))
+        times = measure(case, impls, env, f"bench.times.{op}")
+        row = {"op": op, "bytes": case.nbytes, "count": count, "iters": iters,
+               "results": {k: summarize(t, case.nbytes, factor) for k, t in times.items()}}
+        row["ratios"] = report.ratios(row["results"])  # fmt: skip
+        rows.append(row)
+        if not table.printed:
+            env.log(table.header([i.key for i in impls]))
+        env.log(table.row(row))
+    return rows
+
+
+def run_many(env):
+    """The many-tensor section: K allreduces of S bytes vs one of K x S, per library."""
+    if env.args.many:
+        env.log(report.many_header(env.size, env.MPI is not None))
+    factor, entries = collectives.BUSBW_FACTORS["allreduce"](env.size), []
+    for tensors, nbytes in env.args.many:
+        fresh_engine(env.hvd)
+        count = max(1, nbytes // env.itemsize)
+        iters = iterations(env.args, tensors * count * env.itemsize, tensors)
+        case = collectives.ManyCase(env.torch, tensors, count, env.dtype, iters, env.rank,
+                                    env.size)  # fmt: skip
+        impls = collectives.many_impls(case, env.hvd, env.dist, env.MPI)
+        times = measure(case, impls, env, "bench.times.many")
+        entry = {"tensors": tensors, "bytes": count * env.itemsize, "iters": iters,
+                 "results": {k: summarize(t, case.nbytes, factor) for k, t in times.items()}}
+        entry["ratios"] = report.many_ratios(entry["results"])  # fmt: skip
+        entries.append(entry)
+        env.log(report.many_row(entry))
+    return entries
+
+
+def describe_mpi(MPI, args):
+    if MPI is None:
+        return None
+    # "Open MPI v4.1.4, package: Debian OpenMPI, ident: ..., repo rev: ...\0"
+    library = ", ".join(MPI.Get_library_version().replace("\0", "").split(", ")[:2])
+    transport = "pml ob1, btl self + shared memory (vader/sm)"
+    return {"library": library.strip(), "mpi4py": sys.modules["mpi4py"].__version__,
+            "transport": transport + (f", {args.mpi_args}" if args.mpi_args else "")}  # fmt: skip
+
+
 def worker(args):
     import torch
     import torch.distributed as dist
@@ -333,14 +409,7 @@ def worker(args):
     dtype = getattr(torch, args.dtype)
     itemsize = torch.empty((), dtype=dtype).element_size()
     log = print if rank == 0 else (lambda *a, **k: None)
-    mpi_info = None
-    if MPI is not None:
-        # "Open MPI v4.1.4, package: Debian OpenMPI, ident: ..., repo rev: ...\0"
-        library = ", ".join(MPI.Get_library_version().replace("\0", "").split(", ")[:2])
-        mpi_info = {"library": library.strip(),
-                    "mpi4py": __import__("mpi4py").__version__,
-                    "transport": "pml ob1, btl self + shared memory (vader/sm)"
-                    + (f", {args.mpi_args}" if args.mpi_args else "")}  # fmt: skip
+    mpi_info = describe_mpi(MPI, args)
     log(f"# hvd-torch {hvd.__version__}, torch {torch.__version__}, {size} ranks on "
         f"{platform.node()} ({os.cpu_count()} CPUs), dtype {args.dtype}, warmup {args.warmup}, "
         f"median of {args.reps} sets; load average {load_start[0]:.2f}")  # fmt: skip
@@ -350,49 +419,9 @@ def worker(args):
         log(f"# note: {note}")
 
     torch_calls = {op: name for op, (name, _) in collectives.torch_ops(dist).items()}
-    rows = []
-    for op in args.ops:
-        fresh_engine(hvd)
-        factor = collectives.BUSBW_FACTORS[op](size)
-        lines = report.OpTable(op, size, torch_calls[op], 
-                               collectives.MPI_CALLS[op] if MPI is not None else None)
-        seen = set()
-        for nbytes in byte_sizes(args):
-            count = collectives.op_count(op, nbytes // itemsize, size)
-            if count in seen:
-                continue
-            seen.add(count)
-            iters = iterations(args, count * itemsize)
-            case = collectives.Case(torch, op, count, dtype, iters, rank, size)
-            impls = collectives.hvd_impls(hvd, case) + [collectives.torch_impl(dist, case)[0]]
-            if MPI is not None:
-                impls.append(collectives.mpi_impl(MPI, case))
-            times = measure(case, impls, args, hvd, torch, f"bench.times.{op}")
-            row = {"op": op, "bytes": case.nbytes, "count": count, "iters": iters,
-                   "results": {k: summarize(t, case.nbytes, factor) for k, t in times.items()}}
-            row["ratios"] = report.ratios(row["results"])  # fmt: skip
-            rows.append(row)
-            if not lines.printed:
-                log(lines.header([i.key for i in impls]))
-            log(lines.row(row))
-            del case, impls
-
-    many = []
-    if args.many:
-        log(report.many_header(size, MPI is not None))
-    for tensors, nbytes in args.many:
-        fresh_engine(hvd)
-        count = max(1, nbytes // itemsize)
-        iters = iterations(args, tensors * count * itemsize, tensors)
-        case = collectives.ManyCase(torch, tensors, count, dtype, iters, rank, size)
-        impls = collectives.many_impls(case, hvd, dist, MPI)
-        times = measure(case, impls, args, hvd, torch, "bench.times.many")
-        entry = {"tensors": tensors, "bytes": count * itemsize, "iters": iters,
-                 "results": {k: summarize(t, case.nbytes, collectives.BUSBW_FACTORS["allreduce"](
-                     size)) for k, t in times.items()}}  # fmt: skip
-        entry["ratios"] = report.many_ratios(entry["results"])
-        many.append(entry)
-        log(report.many_row(entry))
+    env = Env(args, hvd, torch, dist, MPI, dtype, itemsize, rank, size, log)
+    rows = [row for op in args.ops for row in run_op(env, op, torch_calls[op])]
+    many = run_many(env)
 
     result = {
         "benchmark": "collectives",
