@@ -231,6 +231,36 @@ def iterations(args, nbytes, ops_per_iter=1):
     return max(MIN_ITERS, most)
 
 
+def available_memory():
+    """Bytes the kernel could give us now (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_shortfall(env, nbytes, iters):
+    """Why a case of `iters` iterations of nbytes does not fit in this host's memory, or
+    None. A case holds its input and expected result and, per iteration, an input, an
+    output and a functional form's result: about (2 + 3 x iters) x nbytes per rank. All
+    ranks decide together (an allreduce of the verdict), since each must skip the same
+    sizes; small cases are not asked about."""
+    need = (2 + 3 * iters) * nbytes
+    if need < (256 << 20):
+        return None
+    free = available_memory()
+    share = free // env.hvd.local_size() if free is not None else need * 2
+    fits = env.torch.tensor([int(need <= 0.7 * share)], dtype=env.torch.int32)
+    if env.hvd.allreduce(fits, name="bench.fits", op=env.hvd.Min).item():
+        return None
+    return (f"skipped: needs about {need / 2**30:.1f} GiB per rank, "
+            f"{share / 2**30:.1f} GiB available per rank on this host")  # fmt: skip
+
+
 def timed_set(case, impl, iters):
     """Seconds for `iters` iterations of impl on this rank, starting together after a
     barrier; the results are checked after the clock stops."""
@@ -330,6 +360,7 @@ class Env:
     rank: int
     size: int
     log: object
+    notes: list  # lines for the JSON's "notes"
 
 
 def run_op(env, op, torch_call):
@@ -344,6 +375,10 @@ def run_op(env, op, torch_call):
             continue
         seen.add(count)
         iters = iterations(env.args, count * env.itemsize)
+        if skip := memory_shortfall(env, count * env.itemsize, iters):
+            env.notes.append(f"{op} {count * env.itemsize} B {skip}")
+            env.log(f"  {count * env.itemsize:>10} {count:>10} {skip}")
+            continue
         case = collectives.Case(env.torch, op, count, env.dtype, iters, env.rank, env.size)
         impls = collectives.hvd_impls(env.hvd, case) + [collectives.torch_impl(env.dist, case)]
         if env.MPI is not None:
@@ -368,6 +403,10 @@ def run_many(env):
         fresh_engine(env.hvd)
         count = max(1, nbytes // env.itemsize)
         iters = iterations(env.args, tensors * count * env.itemsize, tensors)
+        if skip := memory_shortfall(env, tensors * count * env.itemsize, iters):
+            env.notes.append(f"many {tensors}x{count * env.itemsize} B {skip}")
+            env.log(f"  {tensors:>6}x{report.fmt_bytes(count * env.itemsize):<5} {skip}")
+            continue
         case = collectives.ManyCase(env.torch, tensors, count, env.dtype, iters, env.rank,
                                     env.size)  # fmt: skip
         impls = collectives.many_impls(case, env.hvd, env.dist, env.MPI)
@@ -419,7 +458,7 @@ def worker(args):
         log(f"# note: {note}")
 
     torch_calls = {op: name for op, (name, _) in collectives.torch_ops(dist).items()}
-    env = Env(args, hvd, torch, dist, MPI, dtype, itemsize, rank, size, log)
+    env = Env(args, hvd, torch, dist, MPI, dtype, itemsize, rank, size, log, notes)
     rows = [row for op in args.ops for row in run_op(env, op, torch_calls[op])]
     many = run_many(env)
 
