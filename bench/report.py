@@ -114,6 +114,11 @@ def target(name, measured, passed):
 def targets(result):
     """Issue #13's targets as measured in this run (see bench/README.md)."""
     n, rows, out = result["np"], result["rows"], []
+
+    def on2(ok):
+        """The issue sets these for 2 ranks: judged there, reported elsewhere."""
+        return ok if n == 2 else None
+
     allreduce = [r for r in rows if r["op"] == "allreduce"]
     small = [r for r in allreduce if r["bytes"] == SMALL_BYTES]
     for form in ("allreduce_", "allreduce"):
@@ -123,10 +128,10 @@ def targets(result):
             continue
         t, ratio = small[0]["results"][key]["time_us"], small[0]["ratios"][f"torch/{key}"]
         out.append(target(f"{SMALL_BYTES} B {form} median <= {SMALL_US:g} us",
-                          f"{t:.1f} us", t <= SMALL_US))  # fmt: skip
+                          f"{t:.1f} us", on2(t <= SMALL_US)))  # fmt: skip
         out.append(target(f"{SMALL_BYTES} B {form} >= {SMALL_VS_TORCH:g}x torch gloo",
                           f"{ratio:.1f}x ({small[0]['results']['torch']['time_us']:.1f} us)",
-                          ratio >= SMALL_VS_TORCH))  # fmt: skip
+                          on2(ratio >= SMALL_VS_TORCH)))  # fmt: skip
     lo, hi = BUSBW_RANGE
     band = [r for r in allreduce if lo <= r["bytes"] <= hi]
     for form in ("allreduce_", "allreduce"):
@@ -138,13 +143,13 @@ def targets(result):
         ratio = worst["ratios"][f"torch/hvd {form}"]
         span = f"{fmt_bytes(band[0]['bytes'])}..{fmt_bytes(band[-1]['bytes'])}"
         out.append(target(name, f"min {ratio:.2f}x at {fmt_bytes(worst['bytes'])} "
-                                f"(measured {span})", ratio >= BUSBW_VS_TORCH))  # fmt: skip
+                                f"(measured {span})", on2(ratio >= BUSBW_VS_TORCH)))  # fmt: skip
     for e in result["many"]:
         ratio = e["ratios"]["hvd K/hvd flat"]
         out.append(target(
             f"{e['tensors']} x {fmt_bytes(e['bytes'])}: K ops <= {MANY_RULE}x one flat",
             f"{ratio:.2f}x (vs torch K: {e['ratios']['torch K/hvd K']:.2f}x)",
-            ratio <= MANY_RULE,
+            on2(ratio <= MANY_RULE),
         ))  # fmt: skip
     if rows:
         worst_ratio, worst_row, worst_key = min(
@@ -185,7 +190,8 @@ def synthetic_target(n):
 
 
 def targets_lines(result):
-    lines = ["#", f"# targets (issue #13), {result['np']} ranks", "#"]
+    lines = ["#", f"# targets (issue #13), {result['np']} ranks: the first ones are set for 2 "
+             "ranks, 'no op/size slower' for 4; elsewhere they are reported as info", "#"]
     for t in result["targets"]:
         verdict = {True: "PASS", False: "FAIL", None: "info"}[t["passed"]]
         lines.append(f"  {verdict:<5} {t['name']:<62} {t['measured']}")
