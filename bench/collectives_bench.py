@@ -127,12 +127,21 @@ def parse_args(argv=None, prog=None):
 # ---------------------------------------------------------------- launcher side
 
 
+def open_mpi_version():
+    """mpirun's version line when mpirun is Open MPI's, else None."""
+    if shutil.which("mpirun") is None:
+        return None
+    out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
+    first = (out.splitlines() or [""])[0]
+    return first if "Open MPI" in first else None
+
+
 def mpi_available():
     """Why --mpi cannot run here, or None when it can."""
     import importlib.util
 
-    if shutil.which("mpirun") is None:
-        return "mpirun is not on PATH (make bench-setup installs Open MPI)"
+    if open_mpi_version() is None:
+        return "no Open MPI mpirun on PATH (make bench-setup installs Debian's)"
     if importlib.util.find_spec("mpi4py") is None:
         return f"mpi4py is not installed for {sys.executable} (make bench-setup)"
     return None
@@ -142,15 +151,14 @@ def mpirun_command(num_proc, script_cmd, extra=""):
     """mpirun on this machine: ranks unbound (as hvdrun starts them), ob1 over Open MPI's
     shared-memory BTL (vader in 4.x, sm in 5.x), never UCX, so MPI moves its data the
     way the comparison claims."""
-    version = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
-    shm = "sm" if " 5." in version.splitlines()[0] else "vader"
+    shm = "sm" if " 5." in open_mpi_version() else "vader"
     cmd = ["mpirun", "-np", str(num_proc), "--bind-to", "none",
            "--mca", "pml", "ob1", "--mca", "btl", f"self,{shm}"]  # fmt: skip
     if num_proc > (os.cpu_count() or 1):
         cmd.append("--oversubscribe")
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    for name in ("PATH", "PYTHONPATH", "HVD_BENCH_STORE", "HVD_BENCH_SECRET", "HVD_BENCH_MPI"):
+    for name in ("PATH", "PYTHONPATH", "HVD_BENCH_STORE", "HVD_BENCH_SECRET"):
         cmd += ["-x", name]
     return cmd + shlex.split(extra) + script_cmd
 
@@ -173,8 +181,7 @@ def launch(args, argv):
         secret = make_secret()
         with KVStoreServer("127.0.0.1", 0, secret) as store:
             env.update(HVD_BENCH_STORE=store.address, HVD_BENCH_SECRET=secret_to_hex(secret),
-                       HVD_BENCH_MPI="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-                       OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")  # fmt: skip
+                       OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
             return run_forwarding_signals(mpirun_command(num_proc, script, args.mpi_args), env)
     if args.mpi:
         print(f"# note: no MPI column: {why_not}", flush=True)
@@ -205,6 +212,9 @@ def adopt_mpirun_rank():
     """Under mpirun (launch() with --mpi), hvd-torch's rank environment from Open MPI's."""
     if "HOROVOD_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" not in os.environ:
         return
+    if "HVD_BENCH_STORE" not in os.environ:
+        raise SystemExit("under mpirun, start this as `python bench/collectives_bench.py --mpi "
+                         "-np N ...`: it serves hvd-torch's rendezvous store and runs mpirun")
     from hvdrun.env import horovod_env
     from hvdrun.store import secret_from_hex
 

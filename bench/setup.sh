@@ -20,7 +20,8 @@ as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-if command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
+# Open MPI's own mpirun: collectives_bench.py passes it Open MPI's options.
+if mpirun --version 2>/dev/null | grep -q "Open MPI" && command -v mpicc >/dev/null; then
     say "Open MPI: $(mpirun --version 2>/dev/null | head -n 1)"
 else
     say "Open MPI: installing openmpi-bin libopenmpi-dev (apt-get)"
