@@ -11,7 +11,7 @@ PYTEST_TIMEOUT ?= 900
 # (`hvdrun -np 2 python ...`) and ranks start the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test bench synthetic clean distclean
+.PHONY: setup demo test bench bench-setup synthetic clean distclean
 
 setup:
 	bash scripts/setup.sh
@@ -22,8 +22,21 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q --timeout=$(PYTEST_TIMEOUT) tests
 
-bench: setup
-	python bench/allreduce_bench.py -np $(NP)
+# Open MPI, mpi4py and matplotlib: the benchmark's own needs, never the tests'.
+bench-setup: setup
+	PY=$(PY) bash bench/setup.sh
+
+# Every collective, 4 B..256 MiB, hvd-torch vs torch.distributed gloo vs Open MPI
+# (shared memory), then issue #13's targets; `make bench NP=4` for 4 ranks.
+# Writes bench/results/<time>-np<NP>.json and the busbw plot next to it (.png).
+# MPI yields while it polls, as it does by itself when oversubscribed: on a shared
+# machine a polling rank otherwise loses whole time slices (bench/README.md).
+BENCH_ARGS ?= -b 4 -e 256M -f 4
+BENCH_MPI_ARGS ?= --mca mpi_yield_when_idle 1
+BENCH_STAMP := $(shell date +%Y%m%d-%H%M%S)
+bench: bench-setup
+	python bench/collectives_bench.py -np $(NP) --mpi --mpi-args "$(BENCH_MPI_ARGS)" \
+		$(BENCH_ARGS) --json bench/results/$(BENCH_STAMP)-np$(NP).json
 
 synthetic: setup
 	hvdrun -np $(NP) python examples/synthetic_benchmark.py
