@@ -86,6 +86,7 @@ void Engine::connect(const BackendFactory& make_backend, uint64_t generation) {
   process_sets_.find(0, &global.ranks);
   global.index = topology_.rank;
   global.executor = Executor(backend_.get(), topology_.size, topology_.rank);
+  if (backend_ && backend_->directForms()) global.inline_cap = config_.shm_inline_cap;
   std::lock_guard<std::mutex> lock(mu_);
   backend_names_[0] = backendName();
 }
@@ -113,6 +114,7 @@ void Engine::openProcessSet(int32_t id, const std::vector<int64_t>& ranks64) {
     rt.backend = make_backend_(sub, config_, *store_, prefix_ + "set" + std::to_string(id) + "/");
   }
   rt.executor = Executor(rt.backend.get(), static_cast<int>(ranks.size()), index, ranks);
+  if (rt.backend && rt.backend->directForms()) rt.inline_cap = config_.shm_inline_cap;
   {
     std::lock_guard<std::mutex> lock(mu_);
     backend_names_[id] = rt.backend ? rt.backend->name() : "local";
@@ -442,7 +444,8 @@ void Engine::takeSubmissions() {
                          e.request.type == OpType::kReducescatter;
     const size_t traffic = e.request.numBytes() * static_cast<size_t>(set_size - 1);
     if (reduces && set_size > 1 && e.request.plane != Plane::kDevice &&
-        inline_in_flight_ + traffic <= tunables_.inline_threshold) {
+        inline_in_flight_ + traffic <=
+            std::min(tunables_.inline_threshold, set->second.inline_cap)) {
       a.has_inline = true;
       a.inline_data.assign(static_cast<const char*>(e.input), e.request.numBytes());
       e.inline_traffic = traffic;

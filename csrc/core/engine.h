@@ -126,6 +126,7 @@ class Engine {
   struct SetRuntime {
     std::vector<int> ranks;            // global ranks, ascending
     int index = 0;                     // this rank's position in ranks
+    size_t inline_cap = SIZE_MAX;      // bound on the inline threshold for this set
     std::unique_ptr<Backend> backend;  // its own Gloo context (null: global set or one rank)
     Executor executor{nullptr, 1};
     // Plane::kDevice, made by the first op of the set on device memory.

@@ -60,6 +60,11 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.fusion_threshold = static_cast<size_t>(envInt("HOROVOD_FUSION_THRESHOLD", 64 << 20));
   c.cache_capacity = static_cast<size_t>(envInt("HOROVOD_CACHE_CAPACITY", 1024));
   c.inline_threshold = static_cast<size_t>(envInt("HVD_TORCH_INLINE_THRESHOLD", 1 << 20));
+  // Left to us (not set, not tuned): shared memory beats rank 0's socket from
+  // tens of KiB on (bench/collectives_bench.py, 2 ranks), so shm sets cap it.
+  const bool chosen = !envString("HVD_TORCH_INLINE_THRESHOLD", "").empty() ||
+                      envInt("HOROVOD_AUTOTUNE", 0) != 0;
+  c.shm_inline_cap = chosen ? c.inline_threshold : size_t{16} << 10;
   c.start_timeout = std::chrono::seconds(envInt("HOROVOD_START_TIMEOUT", 30));
   c.op_timeout = std::chrono::seconds(envInt("HOROVOD_GLOO_TIMEOUT_SECONDS", 30));
   c.hostname = envString("HOROVOD_HOSTNAME", "localhost");

@@ -35,6 +35,9 @@ struct EngineConfig {
   // Allreduces whose bytes x (size - 1) fit go through rank 0 with the
   // request instead of through Gloo (one round trip, no negotiation).
   size_t inline_threshold = 1 << 20;         // HVD_TORCH_INLINE_THRESHOLD
+  // The same for a set on the shared-memory plane: 16 KiB unless the user
+  // set the threshold or autotune tunes it.
+  size_t shm_inline_cap = 16 << 10;
   std::chrono::milliseconds start_timeout{30000};  // HOROVOD_START_TIMEOUT (s)
   std::chrono::milliseconds op_timeout{30000};     // HOROVOD_GLOO_TIMEOUT_SECONDS
   std::string hostname;                      // HOROVOD_HOSTNAME
