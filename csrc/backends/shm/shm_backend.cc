@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 #include "../../core/reduce.h"
 #include "../../core/store_client.h"
@@ -299,8 +300,12 @@ std::unique_ptr<Backend> tryShmBackend(const Topology& topology, const EngineCon
   if (!same) return nullptr;
   // 2. Rank 0 makes the segment; the others map it; rank 0 unlinks the name
   // once all have it (or gives up), and says whether everyone got it.
+  // 256 KiB keeps a round in cache; with more ranks than cores every barrier
+  // waits for a descheduled peer, so fewer, larger rounds win (1 MiB).
+  const long cores = static_cast<long>(std::thread::hardware_concurrency());
+  const long fallback = (cores == 0 || n <= cores) ? 256 << 10 : 1 << 20;
   const size_t slot_bytes =
-      roundUp(static_cast<size_t>(envInt("HVD_TORCH_SHM_SLOT_BYTES", 256 << 10)), kLine);
+      roundUp(static_cast<size_t>(envInt("HVD_TORCH_SHM_SLOT_BYTES", fallback)), kLine);
   const size_t bytes = ShmBackend::segmentBytes(n, slot_bytes);
   ShmSegment segment;
   bool ok = ShmSync::canWatch(pids, me);
