@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hvd_torch as hvd
 from digits_allreduce import DigitsNet, load_data
+from progress import progress
 
 
 def parse_args():
@@ -57,7 +58,10 @@ def main():
     def train(state):
         for state.epoch in range(state.epoch, args.epochs):
             state.sampler.set_epoch(state.epoch)
-            for i, (xb, yb) in enumerate(loader):
+            # A bar on rank 0 (stderr; tqdm when installed), rebuilt after a reset.
+            bar = progress(loader, disable=hvd.rank() != 0, desc=f"epoch {state.epoch}",
+                           unit="batch", leave=False)
+            for i, (xb, yb) in enumerate(bar):
                 optimizer.zero_grad()
                 F.cross_entropy(model(xb), yb).backward()
                 optimizer.step()

@@ -25,6 +25,7 @@ from torch import nn
 
 import hvd_torch as hvd
 from ray_integration import RayExecutor
+from progress import progress
 
 
 def parse_args():
@@ -91,10 +92,12 @@ def main():
     executor.start(executable_cls=MyModel)
 
     # Horovod's stateful example: train() is one epoch here, not one batch.
-    for i in range(args.steps):
+    bar = progress(range(args.steps), desc="training", unit="epoch")  # the driver's bar
+    for i in bar:
         # Stateful `execute` method takes the current worker executable as a parameter
         losses = executor.execute(lambda worker: worker.train())
-        print(f"step {i + 1}/{args.steps}: loss {losses[0]:.4f}")
+        bar.write(f"step {i + 1}/{args.steps}: loss {losses[0]:.4f}")
+    bar.close()
 
     result = executor.execute(lambda w: w.get_weights())
     assert all(isinstance(res, dict) for res in result)

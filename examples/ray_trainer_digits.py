@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hvd_torch as hvd
 from ray_integration import TorchTrainer, TrainingOperator
+from progress import progress
 
 
 def parse_args():
@@ -112,16 +113,18 @@ def main():
         config={"lr": args.lr, "momentum": args.momentum, "batch_size": args.batch_size},
     )
     started = time.perf_counter()
-    for _ in range(args.epochs):
+    bar = progress(range(args.epochs), desc="training", unit="epoch")  # the driver's bar
+    for _ in bar:
         train = trainer.train()
         val = trainer.validate()
-        print(
+        bar.set_postfix(val_accuracy=f"{val['val_accuracy']:.3f}")
+        bar.write(
             f"epoch {train['epoch']}: train_loss {train['train_loss']:.4f}  "
             f"val_loss {val['val_loss']:.4f}  val_accuracy {val['val_accuracy']:.3f}  "
             f"({train['num_samples']} samples on {args.num_workers} workers, "
-            f"{time.perf_counter() - started:.1f}s)",
-            flush=True,
+            f"{time.perf_counter() - started:.1f}s)"
         )
+    bar.close()
     checkpoint = args.checkpoint or os.path.join(tempfile.mkdtemp(), "digits_trainer.pt")
     trainer.save(checkpoint)
     model = trainer.get_model()

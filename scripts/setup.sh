@@ -18,9 +18,9 @@ ROOT=$(pwd)
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 TORCH_VERSION=2.13.0
-TOOLS=(setuptools wheel ninja numpy pytest pytest-timeout scikit-learn tqdm "ray[tune,client]==2.58.0")
+TOOLS=(setuptools wheel ninja numpy pytest pytest-timeout scikit-learn tqdm tensorboard "ray[tune,client]==2.58.0")
 # Import names for TOOLS, to tell "installed" without asking pip (slow).
-TOOL_MODULES="setuptools wheel ninja numpy pytest pytest_timeout sklearn tqdm ray grpc"
+TOOL_MODULES="setuptools wheel ninja numpy pytest pytest_timeout sklearn tqdm tensorboard ray grpc"
 
 say() { echo "[setup] $*"; }
 
