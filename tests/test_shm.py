@@ -232,6 +232,49 @@ def test_killed_rank_mid_collective_fails_every_rank_and_leaves_no_segment(nrank
     assert _shm_files() == before
 
 
+def _die_in_set_collective():
+    import threading
+    import time
+
+    import torch
+
+    import hvd_torch as hvd
+    from hvd_torch import _C
+
+    hvd.init()
+    pair = hvd.add_process_set([0, 2])
+    rank = hvd.rank()
+    if rank == 1:  # not in the set: learns of the death from rank 0
+        return attempt(lambda: [hvd.barrier() for _ in range(1000)])[:2]
+    assert _C.backend_name(pair.process_set_id) == "shm"
+    x = torch.ones(8 << 20)
+    hvd.allreduce_(x, name="warm", process_set=pair)
+    if rank == 2:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+
+    def loop():
+        for i in range(100000):
+            hvd.allreduce_(x, name="big", op=hvd.Sum, process_set=pair)
+            x.fill_(1.0)
+
+    start = time.monotonic()
+    kind, message, _ = attempt(loop)
+    return kind, message, time.monotonic() - start
+
+
+def test_killed_rank_in_a_process_set_is_named_by_its_global_rank():
+    outcomes = run_ranks(_die_in_set_collective, 3, expect_fail=True, timeout=120)
+    assert outcomes[2].exitcode == -signal.SIGKILL, outcomes[2]
+    kind, message, elapsed = outcomes[0]
+    assert kind == "HorovodInternalError" and "rank 2" in message, (kind, message)
+    assert elapsed < 0.3 + 10, (elapsed, message)
+    # Seen by the shared-memory barrier: it names the global rank, not the position (1).
+    if "shared memory" in message:
+        assert "rank 2 exited during allreduce" in message, message
+    kind, message = outcomes[1]
+    assert kind == "HorovodInternalError", (kind, message)
+
+
 def _soak(count):
     import gc
 

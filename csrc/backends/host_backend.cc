@@ -21,12 +21,14 @@ std::string describeSelf(const EngineConfig& config) {
          (envOn("HOROVOD_HIERARCHICAL_ALLGATHER") ? "1" : "0") + "|" + config.hostname;
 }
 
-// A topology for `size` ranks in which this one is `rank`, with the parent's
-// other facts (cross_size picks Gloo's address).
-Topology group(const Topology& parent, int rank, int size) {
+// A topology for the group of `positions` (in the parent) in which this rank
+// is `rank`, with the parent's other facts (cross_size picks Gloo's address).
+Topology group(const Topology& parent, int rank, const std::vector<int>& positions) {
   Topology t = parent;
   t.rank = rank;
-  t.size = size;
+  t.size = static_cast<int>(positions.size());
+  t.members.clear();
+  for (int p : positions) t.members.push_back(parent.globalRank(p));
   return t;
 }
 
@@ -68,15 +70,16 @@ std::unique_ptr<Backend> makeHostBackend(const Topology& topology, const EngineC
       static_cast<int>(std::find(mine.begin(), mine.end(), topology.rank) - mine.begin());
   std::unique_ptr<Backend> local;
   if (mine.size() > 1) {
-    const Topology t = group(topology, local_rank, static_cast<int>(mine.size()));
+    const Topology t = group(topology, local_rank, mine);
     const std::string p = prefix + "host" + std::to_string(host) + "/";
     local = tryShmBackend(t, config, store, p);
     if (!local) local = makeGlooBackend(t, config, store, p);
   }
   std::unique_ptr<Backend> leaders;
   if (local_rank == 0) {
-    leaders = makeGlooBackend(group(topology, host, static_cast<int>(layout.members.size())),
-                              config, store, prefix + "leaders/");
+    std::vector<int> firsts;
+    for (const auto& m : layout.members) firsts.push_back(m[0]);
+    leaders = makeGlooBackend(group(topology, host, firsts), config, store, prefix + "leaders/");
   }
   auto all = makeGlooBackend(topology, config, store, prefix + "all/");
   return std::make_unique<HierarchicalBackend>(std::move(layout), topology.rank, std::move(local),

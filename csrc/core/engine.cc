@@ -111,6 +111,7 @@ void Engine::openProcessSet(int32_t id, const std::vector<int64_t>& ranks64) {
     Topology sub = topology_;
     sub.rank = index;
     sub.size = static_cast<int>(ranks.size());
+    sub.members = ranks;
     rt.backend = make_backend_(sub, config_, *store_, prefix_ + "set" + std::to_string(id) + "/");
   }
   rt.executor = Executor(rt.backend.get(), static_cast<int>(ranks.size()), index, ranks);

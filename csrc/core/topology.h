@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace hvd {
 
@@ -16,6 +17,11 @@ struct Topology {
   int local_size = 1;
   int cross_rank = 0;
   int cross_size = 1;
+  // For a group inside the job (a process set, the ranks of one host), where
+  // rank and size count positions in it: the global rank at each position,
+  // for messages. Empty: positions are global ranks.
+  std::vector<int> members;
+  int globalRank(int position) const { return members.empty() ? position : members[position]; }
 
   // Throws std::invalid_argument naming the variable when a value is malformed.
   static Topology fromEnvironment();

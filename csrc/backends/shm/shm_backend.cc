@@ -334,9 +334,9 @@ std::unique_ptr<Backend> tryShmBackend(const Topology& topology, const EngineCon
     ok = store.get(key + "verdict", timeout) == "1";
   }
   if (!ok) return nullptr;
-  std::vector<int> positions(n);
-  for (int r = 0; r < n; ++r) positions[r] = r;
-  return std::make_unique<ShmBackend>(std::move(segment), slot_bytes, me, pids, positions, config);
+  std::vector<int> ranks(n);
+  for (int r = 0; r < n; ++r) ranks[r] = topology.globalRank(r);
+  return std::make_unique<ShmBackend>(std::move(segment), slot_bytes, me, pids, ranks, config);
 }
 
 }  // namespace hvd
