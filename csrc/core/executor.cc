@@ -61,6 +61,21 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
   }
 }
 
+// The fusion buffer holds the entries' bytes back to back, in order.
+void Executor::packInputs(const std::vector<Entry*>& entries, char* buf) {
+  for (Entry* e : entries) {
+    memory_->copy(buf, e->input, e->request.numBytes());
+    buf += e->request.numBytes();
+  }
+}
+
+void Executor::unpackOutputs(const std::vector<Entry*>& entries, const char* buf) {
+  for (Entry* e : entries) {
+    memory_->copy(e->output, buf, e->request.numBytes());
+    buf += e->request.numBytes();
+  }
+}
+
 void Executor::reducescatter(Entry& e, int divisor) {
   const Request& q = e.request;
   const size_t n = static_cast<size_t>(q.numElements());
@@ -141,11 +156,7 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
                                   : static_cast<char*>(memory_->scratch(total * elem));
   {
     TimelineSpan copy_in(timeline_, rows_, "MEMCPY_IN_FUSION_BUFFER");
-    size_t off = 0;
-    for (Entry* e : entries) {
-      memory_->copy(buf + off, e->input, e->request.numBytes());
-      off += e->request.numBytes();
-    }
+    packInputs(entries, buf);
     memory_->scale(buf, total, q.dtype, q.prescale);
   }
   if (backend_ != nullptr && total > 0) {
@@ -154,13 +165,7 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
   }
   TimelineSpan copy_out(timeline_, rows_, "MEMCPY_OUT_FUSION_BUFFER");
   memory_->scale(buf, total, q.dtype, post);
-  if (entries.size() > 1) {
-    size_t off = 0;
-    for (Entry* e : entries) {
-      memory_->copy(e->output, buf + off, e->request.numBytes());
-      off += e->request.numBytes();
-    }
-  }
+  if (entries.size() > 1) unpackOutputs(entries, buf);
 }
 
 void Executor::allgather(const Response& response, Entry& e) {
@@ -202,11 +207,7 @@ void Executor::allgatherFused(const Response& response, const std::vector<Entry*
   char* out = in + counts[rank_] * elem;
   {
     TimelineSpan copy_in(timeline_, rows_, "MEMCPY_IN_FUSION_BUFFER");
-    size_t off = 0;
-    for (Entry* e : entries) {
-      memory_->copy(in + off, e->input, e->request.numBytes());
-      off += e->request.numBytes();
-    }
+    packInputs(entries, in);
   }
   backend_->allgatherv(in, out, counts, dtype);
   TimelineSpan copy_out(timeline_, rows_, "MEMCPY_OUT_FUSION_BUFFER");
@@ -233,19 +234,11 @@ void Executor::broadcastFused(const std::vector<Entry*>& entries) {
   const int root = ranks_.empty() ? q.root_rank : indexIn(ranks_, q.root_rank);
   if (rank_ == root) {
     TimelineSpan copy_in(timeline_, rows_, "MEMCPY_IN_FUSION_BUFFER");
-    size_t off = 0;
-    for (Entry* e : entries) {
-      memory_->copy(buf + off, e->input, e->request.numBytes());
-      off += e->request.numBytes();
-    }
+    packInputs(entries, buf);
   }
   backend_->broadcast(buf, total / dataTypeSize(q.dtype), q.dtype, root);
   TimelineSpan copy_out(timeline_, rows_, "MEMCPY_OUT_FUSION_BUFFER");
-  size_t off = 0;
-  for (Entry* e : entries) {
-    memory_->copy(e->output, buf + off, e->request.numBytes());
-    off += e->request.numBytes();
-  }
+  unpackOutputs(entries, buf);
 }
 
 void Executor::broadcast(Entry& e) {
