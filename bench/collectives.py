@@ -199,7 +199,8 @@ class ManyCase:
 
 
 def many_impls(case, hvd, dist, MPI=None):
-    """K async allreduces then wait for all, and one flat allreduce, per library."""
+    """K async allreduces then wait for all, and one flat allreduce, per library;
+    for hvd-torch also the K tensors in one grouped_allreduce_ call."""
     tag = f"bench.many.{case.tensors}x{case.count}"
     bufs, views = case.buffers, case.views
 
@@ -211,6 +212,10 @@ def many_impls(case, hvd, dist, MPI=None):
             hvd.synchronize(h)
         return bufs[j]
 
+    def hvd_grouped(j):
+        hvd.grouped_allreduce_(views[j], name=f"{tag}.g", op=hvd.Sum)
+        return bufs[j]
+
     def torch_k(j):
         for work in [dist.all_reduce(v, async_op=True) for v in views[j]]:
             work.wait()
@@ -218,6 +223,7 @@ def many_impls(case, hvd, dist, MPI=None):
 
     impls = [
         Impl("hvd K", "hvd", hvd_k, hvd.barrier),
+        Impl("hvd grouped", "hvd", hvd_grouped, hvd.barrier),
         Impl("hvd flat", "hvd", lambda j: hvd.allreduce_(bufs[j], name=tag, op=hvd.Sum),
              hvd.barrier),
         Impl("torch K", "torch", torch_k, dist.barrier),

@@ -50,12 +50,13 @@ def test_two_ops_three_sizes_and_many(tmp_path):
         assert abs(r["ratios"][key] - want) <= 1e-9 * want
     (many,) = report["many"]
     assert (many["tensors"], many["bytes"]) == (4, 1024)
-    assert sorted(many["results"]) == ["hvd K", "hvd flat", "torch K", "torch flat"]
+    assert sorted(many["results"]) == ["hvd K", "hvd flat", "hvd grouped", "torch K", "torch flat"]
     assert all(res["checked"] for res in many["results"].values())
-    assert {"hvd K/hvd flat", "torch K/hvd K"} <= set(many["ratios"])
+    assert {"hvd grouped/hvd flat", "hvd K/hvd flat", "torch K/hvd K"} <= set(many["ratios"])
     names = [t["name"] for t in report["targets"]]
     assert any(n.startswith("4 B allreduce_ median") for n in names)
-    assert any(n.startswith("4 x 1K: K ops <= 1.5x") for n in names)
+    assert any(n.startswith("4 x 1K: grouped <= 1.5x") for n in names)
+    assert any(n.startswith("4 x 1K: K async ops vs one flat") for n in names)
     assert all(t["passed"] in (True, False, None) for t in report["targets"])
     # The table went to stdout without hvdrun's rank tags, the targets at its end.
     assert "# targets (issue #13), 2 ranks" in out

@@ -314,6 +314,35 @@ std::string describe(const std::vector<Request>& reqs, const std::vector<int>& r
   return os.str();
 }
 
+// A grouped allreduce travels as one bundle (Request::isBundle): its error
+// names the first member that differs, as the group's members would one by one.
+std::string bundleMismatch(const std::vector<Request>& reqs, const std::vector<int>& ranks) {
+  const Request& a = reqs[0];
+  const std::string group = "group '" + a.name + "' failed: ";
+  auto members = [](const Request& x) {
+    return x.isBundle() ? std::to_string(x.memberShapes().size()) + " tensors"
+                        : std::string("one tensor (not grouped)");
+  };
+  size_t count = a.memberShapes().size();
+  for (const auto& q : reqs) {
+    if (!q.isBundle() || q.memberShapes().size() != count)
+      return group + "mismatched group sizes across ranks: " + describe(reqs, ranks, members);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    auto shape = [i](const Request& x) {
+      Request one;
+      one.shape = x.memberShapes()[i];
+      return one.shapeString();
+    };
+    for (const auto& q : reqs) {
+      if (q.memberShapes()[i] != a.memberShapes()[i])
+        return group + "allreduce '" + bundleMemberName(a.name, i) +
+               "': mismatched shapes across ranks: " + describe(reqs, ranks, shape);
+    }
+  }
+  return group + "mismatched member shapes across ranks";
+}
+
 }  // namespace
 
 std::string Coordinator::validate(const std::vector<Request>& reqs,
@@ -347,6 +376,11 @@ std::string Coordinator::validate(const std::vector<Request>& reqs,
       return mismatch("process sets", [](const Request& x) { return x.process_set; });
   }
   auto shape = [](const Request& x) { return x.shapeString(); };
+  if (a.type == OpType::kAllreduce) {
+    for (const auto& q : reqs) {
+      if (q.splits != a.splits) return bundleMismatch(reqs, ranks);
+    }
+  }
   if (a.type == OpType::kAllgather || a.type == OpType::kAlltoall) {
     for (const auto& q : reqs) {
       bool same_rows = q.shape.size() == a.shape.size() &&

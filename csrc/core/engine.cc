@@ -254,7 +254,7 @@ void Engine::shutdown() {
   store_.reset();
 }
 
-std::shared_ptr<Work> Engine::enqueue(Entry entry) {
+std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake) {
   auto work = std::make_shared<Work>();
   entry.work = work;
   {
@@ -295,10 +295,17 @@ std::shared_ptr<Work> Engine::enqueue(Entry entry) {
     }
     queue_.push_back(std::move(entry));
   }
+  if (wake) this->wake();
+  return work;
+}
+
+void Engine::wake() {
+  // Seen true: the background thread has not drained the last write yet and
+  // takes the queue after it does, this entry included.
+  if (wake_posted_.exchange(true)) return;
   uint64_t one = 1;
   if (::write(wake_fd_, &one, sizeof(one)) < 0) {
   }
-  return work;
 }
 
 bool Engine::waitForEvents(std::vector<pollfd>& fds, int timeout_ms) {
@@ -335,6 +342,9 @@ void Engine::loop() {
       fail(Status::peerFailure(std::string("poll failed: ") + std::strerror(errno)));
       return;
     }
+    // Cleared before the queue is taken (takeSubmissions): a submission
+    // after this point writes again, one before it is in the queue taken.
+    wake_posted_.store(false);
     uint64_t drained;
     if (::read(wake_fd_, &drained, sizeof(drained)) < 0) {
     }
@@ -448,7 +458,14 @@ void Engine::takeSubmissions() {
         inline_in_flight_ + traffic <=
             std::min(tunables_.inline_threshold, set->second.inline_cap)) {
       a.has_inline = true;
-      a.inline_data.assign(static_cast<const char*>(e.input), e.request.numBytes());
+      if (e.parts.empty()) {
+        a.inline_data.assign(static_cast<const char*>(e.input), e.request.numBytes());
+      } else {
+        const size_t elem = dataTypeSize(e.request.dtype);
+        a.inline_data.reserve(e.request.numBytes());
+        for (const auto& part : e.parts)
+          a.inline_data.append(static_cast<const char*>(part.in), part.count * elem);
+      }
       e.inline_traffic = traffic;
       inline_in_flight_ += traffic;
     }
@@ -706,6 +723,13 @@ void Engine::run(const Response& response) {
         void* out = entries[0]->allocate(mine.rows);
         std::memcpy(out, response.inline_result.data() + mine.offset * row_bytes,
                     mine.rows * row_bytes);
+      } else if (!entries[0]->parts.empty()) {
+        const char* from = response.inline_result.data();
+        const size_t elem = dataTypeSize(entries[0]->request.dtype);
+        for (const auto& part : entries[0]->parts) {
+          std::memcpy(part.out, from, part.count * elem);
+          from += part.count * elem;
+        }
       } else {
         std::memcpy(entries[0]->output, response.inline_result.data(),
                     response.inline_result.size());

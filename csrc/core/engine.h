@@ -66,7 +66,10 @@ class Engine {
   // Throws DuplicateName, and submits nothing, when this rank already has an
   // operation of that name on that process set that has not completed
   // (Horovod's "same name as another tensor that is currently being processed").
-  std::shared_ptr<Work> enqueue(Entry entry);
+  // `wake` false leaves the background thread asleep (a group's members but
+  // the last): wake() or a later enqueue starts it.
+  std::shared_ptr<Work> enqueue(Entry entry, bool wake = true);
+  void wake();
 
   const Topology& topology() const { return topology_; }
   const char* backendName() const { return backend_ ? backend_->name() : "local"; }
@@ -146,6 +149,9 @@ class Engine {
   std::unordered_map<int32_t, std::string> backend_names_;  // by process set
   size_t sweep_in_flight_at_ = 64;
   int wake_fd_ = -1;
+  // True from a wake-up's write until the background thread drains it: a
+  // burst of submissions costs one write (a syscall and a context switch).
+  std::atomic<bool> wake_posted_{false};
   std::thread thread_;
 
   // Background thread state.

@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 
+#include "backend.h"
 #include "device.h"
 #include "message.h"
 #include "work.h"
@@ -13,6 +14,9 @@ namespace hvd {
 struct Entry {
   Request request;
   const void* input = nullptr;
+  // A bundle (Request::isBundle): its members' buffers in request order, one
+  // dtype; input and output are unused.
+  std::vector<Backend::Span> parts;
   // Allreduce/broadcast: a buffer of the input's size; may alias `input`.
   void* output = nullptr;
   // Allgather: called on the background thread once the total first

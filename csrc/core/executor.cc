@@ -61,18 +61,37 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
   }
 }
 
-// The fusion buffer holds the entries' bytes back to back, in order.
-void Executor::packInputs(const std::vector<Entry*>& entries, char* buf) {
+namespace {
+
+// Every buffer of the entries, in order: a bundle's members, else the entry's.
+std::vector<Backend::Span> spansOf(const std::vector<Entry*>& entries) {
+  std::vector<Backend::Span> spans;
+  spans.reserve(entries.size());
   for (Entry* e : entries) {
-    memory_->copy(buf, e->input, e->request.numBytes());
-    buf += e->request.numBytes();
+    if (!e->parts.empty()) {
+      spans.insert(spans.end(), e->parts.begin(), e->parts.end());
+    } else {
+      spans.push_back({e->input, e->output, static_cast<size_t>(e->request.numElements())});
+    }
+  }
+  return spans;
+}
+
+}  // namespace
+
+// The fusion buffer holds the spans' bytes back to back, in order.
+void Executor::packInputs(const std::vector<Backend::Span>& spans, size_t elem, char* buf) {
+  for (const auto& s : spans) {
+    memory_->copy(buf, s.in, s.count * elem);
+    buf += s.count * elem;
   }
 }
 
-void Executor::unpackOutputs(const std::vector<Entry*>& entries, const char* buf) {
-  for (Entry* e : entries) {
-    memory_->copy(e->output, buf, e->request.numBytes());
-    buf += e->request.numBytes();
+void Executor::unpackOutputs(const std::vector<Backend::Span>& spans, size_t elem,
+                             const char* buf) {
+  for (const auto& s : spans) {
+    memory_->copy(s.out, buf, s.count * elem);
+    buf += s.count * elem;
   }
 }
 
@@ -133,18 +152,14 @@ void Executor::alltoall(const Response& response, Entry& e) {
 void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
   const Request& q = entries[0]->request;
   const size_t elem = dataTypeSize(q.dtype);
+  const std::vector<Backend::Span> spans = spansOf(entries);
   size_t total = 0;
-  for (Entry* e : entries) total += static_cast<size_t>(e->request.numElements());
+  for (const auto& s : spans) total += s.count;
   const ReduceOp op = q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op;
   const double post = postscaleFactor(q.reduce_op, divisor, q.postscale);
   if (backend_ != nullptr && total > 0 && backend_->directForms()) {
     // A backend that reads the inputs and writes the outputs itself needs
     // neither the fusion buffer nor a first copy into the output.
-    std::vector<Backend::Span> spans;
-    spans.reserve(entries.size());
-    for (Entry* e : entries) {
-      spans.push_back({e->input, e->output, static_cast<size_t>(e->request.numElements())});
-    }
     // The copies in and out happen inside it: one span for all.
     TimelineSpan collective(timeline_, rows_, collective_);
     if (backend_->allreduceSpans(spans, q.dtype, op, q.prescale, post)) return;
@@ -152,11 +167,11 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
 
   // One tensor reduces in its own output buffer; several are packed into the
   // fusion buffer so the backend runs one collective for all of them.
-  char* buf = entries.size() == 1 ? static_cast<char*>(entries[0]->output)
-                                  : static_cast<char*>(memory_->scratch(total * elem));
+  char* buf = spans.size() == 1 ? static_cast<char*>(spans[0].out)
+                                : static_cast<char*>(memory_->scratch(total * elem));
   {
     TimelineSpan copy_in(timeline_, rows_, "MEMCPY_IN_FUSION_BUFFER");
-    packInputs(entries, buf);
+    packInputs(spans, elem, buf);
     memory_->scale(buf, total, q.dtype, q.prescale);
   }
   if (backend_ != nullptr && total > 0) {
@@ -165,7 +180,7 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
   }
   TimelineSpan copy_out(timeline_, rows_, "MEMCPY_OUT_FUSION_BUFFER");
   memory_->scale(buf, total, q.dtype, post);
-  if (entries.size() > 1) unpackOutputs(entries, buf);
+  if (spans.size() > 1) unpackOutputs(spans, elem, buf);
 }
 
 void Executor::allgather(const Response& response, Entry& e) {
@@ -207,7 +222,7 @@ void Executor::allgatherFused(const Response& response, const std::vector<Entry*
   char* out = in + counts[rank_] * elem;
   {
     TimelineSpan copy_in(timeline_, rows_, "MEMCPY_IN_FUSION_BUFFER");
-    packInputs(entries, in);
+    packInputs(spansOf(entries), elem, in);
   }
   backend_->allgatherv(in, out, counts, dtype);
   TimelineSpan copy_out(timeline_, rows_, "MEMCPY_OUT_FUSION_BUFFER");
@@ -234,11 +249,11 @@ void Executor::broadcastFused(const std::vector<Entry*>& entries) {
   const int root = ranks_.empty() ? q.root_rank : indexIn(ranks_, q.root_rank);
   if (rank_ == root) {
     TimelineSpan copy_in(timeline_, rows_, "MEMCPY_IN_FUSION_BUFFER");
-    packInputs(entries, buf);
+    packInputs(spansOf(entries), dataTypeSize(q.dtype), buf);
   }
   backend_->broadcast(buf, total / dataTypeSize(q.dtype), q.dtype, root);
   TimelineSpan copy_out(timeline_, rows_, "MEMCPY_OUT_FUSION_BUFFER");
-  unpackOutputs(entries, buf);
+  unpackOutputs(spansOf(entries), dataTypeSize(q.dtype), buf);
 }
 
 void Executor::broadcast(Entry& e) {

@@ -42,8 +42,8 @@ class Executor {
   void allreduce(const std::vector<Entry*>& entries, int divisor);
   void allgather(const Response& response, Entry& entry);
   void broadcast(Entry& entry);
-  void packInputs(const std::vector<Entry*>& entries, char* buf);
-  void unpackOutputs(const std::vector<Entry*>& entries, const char* buf);
+  void packInputs(const std::vector<Backend::Span>& spans, size_t elem, char* buf);
+  void unpackOutputs(const std::vector<Backend::Span>& spans, size_t elem, const char* buf);
   void allgatherFused(const Response& response, const std::vector<Entry*>& entries);
   void broadcastFused(const std::vector<Entry*>& entries);
   void alltoall(const Response& response, Entry& entry);

@@ -1,5 +1,6 @@
 #include "message.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace hvd {
@@ -118,6 +119,33 @@ Response Response::decode(Reader& r) {
   p.templates.resize(r.getCount(1));
   for (auto& q : p.templates) q = Request::decode(r);
   return p;
+}
+
+std::vector<int64_t> Request::encodeMemberShapes(
+    const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<int64_t> out{static_cast<int64_t>(shapes.size())};
+  for (const auto& s : shapes) {
+    out.push_back(static_cast<int64_t>(s.size()));
+    out.insert(out.end(), s.begin(), s.end());
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> Request::memberShapes() const {
+  std::vector<std::vector<int64_t>> shapes;
+  if (splits.empty()) return shapes;
+  size_t at = 1;
+  for (int64_t i = 0; i < splits[0] && at < splits.size(); ++i) {
+    const size_t rank = static_cast<size_t>(splits[at++]);
+    const size_t end = std::min(splits.size(), at + rank);
+    shapes.emplace_back(splits.begin() + at, splits.begin() + end);
+    at = end;
+  }
+  return shapes;
+}
+
+std::string bundleMemberName(const std::string& group, size_t index) {
+  return group + "." + std::to_string(index);
 }
 
 std::string tableKey(int32_t process_set, const std::string& name) {

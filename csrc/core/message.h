@@ -24,6 +24,8 @@ struct Request {
   std::vector<int64_t> shape;
   // Alltoall: rows of the first dimension this rank sends to each rank.
   // kAddProcessSet: the new set's global ranks. kRemoveProcessSet: {id}.
+  // Allreduce bundle (a grouped allreduce submitted as one op, whose shape is
+  // {total elements}): its members' shapes, memberShapes()' encoding.
   std::vector<int64_t> splits;
   // Grouped ops: members of one group are negotiated and run as a unit.
   std::string group;       // empty: not grouped
@@ -41,10 +43,19 @@ struct Request {
   // "cpu", "cuda:1 (nccl)", "cuda:0 (host-staged)": for error messages.
   std::string deviceString() const;
 
+  // A bundle's member shapes, encoded into splits as {count, then each
+  // shape's rank and dimensions}, and back.
+  bool isBundle() const { return type == OpType::kAllreduce && !splits.empty(); }
+  static std::vector<int64_t> encodeMemberShapes(const std::vector<std::vector<int64_t>>& shapes);
+  std::vector<std::vector<int64_t>> memberShapes() const;
+
   void encode(Writer& w) const;
   static Request decode(Reader& r);
   bool operator==(const Request& o) const;
 };
+
+// A bundle member's name: the group's name and its index ("grads.3").
+std::string bundleMemberName(const std::string& group, size_t index);
 
 // The coordinator's verdict for one or more names, executed in the order sent.
 struct Response {

@@ -242,10 +242,11 @@ void bindRowsOutput(const EngineInput& in, Entry& e, Pending& p) {
   p.gathered = out;
 }
 
-int64_t enqueue(Engine& engine, Entry e, Pending p) {
+// `wake` false: a group member; submitGroup wakes the engine once for all.
+int64_t enqueue(Engine& engine, Entry e, Pending p, bool wake = true) {
   p.name = e.request.name;
   try {
-    p.work = engine.enqueue(std::move(e));
+    p.work = engine.enqueue(std::move(e), wake);
   } catch (const DuplicateName& dup) {
     TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());
   }
@@ -275,7 +276,7 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::stri
   e.request.postscale = postscale;
   const EngineInput in = takeInput(tensor, dtype, "allreduce", name, e, p);
   bindSameShapeOutput(tensor, in, in_place, e, p);
-  return enqueue(*engine, std::move(e), std::move(p));
+  return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
 }
 
 int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
@@ -290,7 +291,7 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
   Pending p;
   e.request = baseRequest(OpType::kAllgather, rows, dtype, name, process_set, group);
   bindRowsOutput(takeInput(rows, dtype, "allgather", name, e, p), e, p);
-  return enqueue(*engine, std::move(e), std::move(p));
+  return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
 }
 
 int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
@@ -377,8 +378,79 @@ int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_na
   e.request.prescale = prescale;
   e.request.postscale = postscale;
   bindRowsOutput(takeInput(tensor, dtype, "reducescatter", name, e, p), e, p);
-  return enqueue(*engine, std::move(e), std::move(p));
+  return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
 }
+
+namespace {
+
+// A grouped allreduce of CPU tensors of one dtype as one op (a bundle): one
+// name to negotiate, one entry and one completion for the whole group instead
+// of one per member, which is most of a small tensor's cost. Each member
+// keeps its own handle (and output), all on the bundle's work.
+bool bundles(const std::vector<at::Tensor>& tensors) {
+  if (tensors.size() < 2) return false;
+  for (const auto& t : tensors) {
+    if (!t.device().is_cpu() || t.scalar_type() != tensors[0].scalar_type()) return false;
+  }
+  return true;
+}
+
+std::vector<int64_t> submitBundle(Engine& engine, const std::vector<at::Tensor>& tensors,
+                                  bool in_place, const std::string& group, int64_t op,
+                                  double prescale, double postscale, int64_t process_set) {
+  const char* what = "grouped_allreduce";
+  const DataType dtype = toDataType(tensors[0], what, group);
+  TORCH_CHECK_VALUE(op == 0 || op == 1 || (op >= 3 && op <= 5), "hvd_torch.", what, " '", group,
+              "': unsupported reduce op ", op,
+              " (Average=0, Sum=1, Min=3, Max=4, Product=5; Adasum is not supported)");
+  TORCH_CHECK_VALUE(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
+              "hvd_torch.", what, " '", group,
+              "': bool tensors support Sum/Max (or) and Min/Product (and), without scaling");
+  Entry e;
+  e.request.type = OpType::kAllreduce;
+  e.request.dtype = dtype;
+  e.request.name = group;
+  e.request.process_set = static_cast<int32_t>(process_set);
+  e.request.reduce_op = static_cast<ReduceOp>(op);
+  e.request.prescale = prescale;
+  e.request.postscale = postscale;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<Pending> members;
+  auto owned = std::make_shared<std::vector<at::Tensor>>();
+  int64_t total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& tensor = tensors[i];
+    const at::Tensor input = tensor.contiguous();
+    const at::Tensor output = in_place ? input : at::empty_like(input);
+    Pending p;
+    p.name = bundleMemberName(group, i);
+    p.result = output;
+    if (in_place && !input.is_same(tensor)) p.copy_back_to = tensor;
+    e.parts.push_back({input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel())});
+    owned->push_back(input);
+    if (!in_place) owned->push_back(output);
+    shapes.emplace_back(tensor.sizes().begin(), tensor.sizes().end());
+    total += input.numel();
+    members.push_back(std::move(p));
+  }
+  e.request.shape = {total};
+  e.request.splits = Request::encodeMemberShapes(shapes);
+  e.keep_alive = owned;
+  std::shared_ptr<Work> work;
+  try {
+    work = engine.enqueue(std::move(e));
+  } catch (const DuplicateName& dup) {
+    TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());
+  }
+  std::vector<int64_t> handles;
+  for (Pending& p : members) {
+    p.work = work;
+    handles.push_back(addHandle(std::move(p)));
+  }
+  return handles;
+}
+
+}  // namespace
 
 std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>& tensors,
                                  const std::string& name, int64_t op, double prescale,
@@ -398,8 +470,18 @@ std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>
   }
   auto engine = requireEngine(what);
   requireMember(*engine, process_set, what, name);
+  if ((kind == GroupedKind::kAllreduce || kind == GroupedKind::kAllreduceInPlace) &&
+      bundles(tensors)) {
+    return submitBundle(*engine, tensors, kind == GroupedKind::kAllreduceInPlace,
+                        opName(what, name, process_set), op, prescale, postscale, process_set);
+  }
   GroupTag group{opName(what, name, process_set), static_cast<int32_t>(tensors.size())};
   std::vector<int64_t> handles;
+  // Members are queued without waking the engine; one wake-up takes them all.
+  struct WakeAtEnd {
+    Engine& engine;
+    ~WakeAtEnd() { engine.wake(); }
+  } wake_at_end{*engine};
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string member = name.empty() ? "" : name + "." + std::to_string(i);
     switch (kind) {
