@@ -165,6 +165,15 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
     if (backend_->allreduceSpans(spans, q.dtype, op, q.prescale, post)) return;
   }
 
+  if (backend_ == nullptr) {
+    // One rank: each output is its input, scaled; no fusion buffer.
+    for (const auto& s : spans) {
+      memory_->copy(s.out, s.in, s.count * elem);
+      memory_->scale(s.out, s.count, q.dtype, q.prescale);
+      memory_->scale(s.out, s.count, q.dtype, post);
+    }
+    return;
+  }
   // One tensor reduces in its own output buffer; several are packed into the
   // fusion buffer so the backend runs one collective for all of them.
   char* buf = spans.size() == 1 ? static_cast<char*>(spans[0].out)

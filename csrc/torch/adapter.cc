@@ -155,6 +155,24 @@ std::tuple<at::Tensor, at::Tensor> waitAlltoall(int64_t handle) {
   return {out, received};
 }
 
+namespace {
+
+// Raises the op's error.
+void waitWork(Work& work, std::chrono::microseconds spin) {
+  Status status;
+  // A blocking wait must not hold the GIL: other Python threads (data
+  // loaders, the elastic driver) keep running while we wait on peers.
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release no_gil;
+    status = work.wait(spin);
+  } else {
+    status = work.wait(spin);
+  }
+  if (!status.ok()) throwStatus(status);
+}
+
+}  // namespace
+
 at::Tensor waitHandle(int64_t handle, Pending* finished) {
   Pending p;
   auto engine = currentEngine();
@@ -167,16 +185,7 @@ at::Tensor waitHandle(int64_t handle, Pending* finished) {
     p = std::move(it->second);
     handles.erase(it);
   }
-  Status status;
-  // A blocking wait must not hold the GIL: other Python threads (data
-  // loaders, the elastic driver) keep running while we wait on peers.
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    pybind11::gil_scoped_release no_gil;
-    status = p.work->wait(spin);
-  } else {
-    status = p.work->wait(spin);
-  }
-  if (!status.ok()) throwStatus(status);
+  waitWork(*p.work, spin);
   at::Tensor out = p.gathered ? *p.gathered : p.result;
   if (p.plane != Plane::kHost) {
     out = finishOutput(out, p.plane, p.device, p.work->deviceDone(), p.copy_back_to);
@@ -395,9 +404,14 @@ bool bundles(const std::vector<at::Tensor>& tensors) {
   return true;
 }
 
-std::vector<int64_t> submitBundle(Engine& engine, const std::vector<at::Tensor>& tensors,
-                                  bool in_place, const std::string& group, int64_t op,
-                                  double prescale, double postscale, int64_t process_set) {
+struct Bundle {
+  std::shared_ptr<Work> work;
+  std::vector<Pending> members;  // each member's output, on `work`
+};
+
+Bundle enqueueBundle(Engine& engine, const std::vector<at::Tensor>& tensors, bool in_place,
+                     const std::string& group, int64_t op, double prescale, double postscale,
+                     int64_t process_set) {
   const char* what = "grouped_allreduce";
   const DataType dtype = toDataType(tensors[0], what, group);
   TORCH_CHECK_VALUE(op == 0 || op == 1 || (op >= 3 && op <= 5), "hvd_torch.", what, " '", group,
@@ -423,7 +437,6 @@ std::vector<int64_t> submitBundle(Engine& engine, const std::vector<at::Tensor>&
     const at::Tensor input = tensor.contiguous();
     const at::Tensor output = in_place ? input : at::empty_like(input);
     Pending p;
-    p.name = bundleMemberName(group, i);
     p.result = output;
     if (in_place && !input.is_same(tensor)) p.copy_back_to = tensor;
     e.parts.push_back({input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel())});
@@ -436,18 +449,41 @@ std::vector<int64_t> submitBundle(Engine& engine, const std::vector<at::Tensor>&
   e.request.shape = {total};
   e.request.splits = Request::encodeMemberShapes(shapes);
   e.keep_alive = owned;
-  std::shared_ptr<Work> work;
+  Bundle bundle;
   try {
-    work = engine.enqueue(std::move(e));
+    bundle.work = engine.enqueue(std::move(e));
   } catch (const DuplicateName& dup) {
     TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());
   }
-  std::vector<int64_t> handles;
-  for (Pending& p : members) {
-    p.work = work;
-    handles.push_back(addHandle(std::move(p)));
+  for (Pending& p : members) p.work = bundle.work;
+  bundle.members = std::move(members);
+  return bundle;
+}
+
+const char* groupedWhat(GroupedKind kind) {
+  return kind == GroupedKind::kAllgather       ? "grouped_allgather"
+         : kind == GroupedKind::kReducescatter ? "grouped_reducescatter"
+                                               : "grouped_allreduce";
+}
+
+// Checks every member before submitting any: a half-submitted group would
+// wait forever for its missing members.
+std::shared_ptr<Engine> checkGroup(GroupedKind kind, const std::vector<at::Tensor>& tensors,
+                                   const std::string& name, int64_t process_set) {
+  const char* what = groupedWhat(kind);
+  TORCH_CHECK_VALUE(!tensors.empty(), "hvd_torch.", what, ": the group has no tensors");
+  const std::string prefix = std::string(what) + " member ";
+  std::string member;  // one buffer for every member's name: no allocation per member
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    member.assign(prefix).append(std::to_string(i));
+    toDataType(tensors[i], what, member);
+    checkDevice(tensors[i], what, member);
+    TORCH_CHECK_VALUE(kind != GroupedKind::kReducescatter || tensors[i].dim() >= 1, "hvd_torch.",
+                      what, " '", member, "': the tensor needs at least one dimension to scatter");
   }
-  return handles;
+  auto engine = requireEngine(what);
+  requireMember(*engine, process_set, what, name);
+  return engine;
 }
 
 }  // namespace
@@ -455,25 +491,16 @@ std::vector<int64_t> submitBundle(Engine& engine, const std::vector<at::Tensor>&
 std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>& tensors,
                                  const std::string& name, int64_t op, double prescale,
                                  double postscale, int64_t process_set) {
-  const char* what = kind == GroupedKind::kAllgather       ? "grouped_allgather"
-                     : kind == GroupedKind::kReducescatter ? "grouped_reducescatter"
-                                                           : "grouped_allreduce";
-  TORCH_CHECK_VALUE(!tensors.empty(), "hvd_torch.", what, ": the group has no tensors");
-  // Check every member before submitting any: a half-submitted group would
-  // wait forever for its missing members.
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::string member = std::string(what) + " member " + std::to_string(i);
-    toDataType(tensors[i], what, member);
-    checkDevice(tensors[i], what, member);
-    TORCH_CHECK_VALUE(kind != GroupedKind::kReducescatter || tensors[i].dim() >= 1, "hvd_torch.", what,
-                " '", member, "': the tensor needs at least one dimension to scatter");
-  }
-  auto engine = requireEngine(what);
-  requireMember(*engine, process_set, what, name);
+  const char* what = groupedWhat(kind);
+  auto engine = checkGroup(kind, tensors, name, process_set);
   if ((kind == GroupedKind::kAllreduce || kind == GroupedKind::kAllreduceInPlace) &&
       bundles(tensors)) {
-    return submitBundle(*engine, tensors, kind == GroupedKind::kAllreduceInPlace,
-                        opName(what, name, process_set), op, prescale, postscale, process_set);
+    Bundle bundle = enqueueBundle(*engine, tensors, kind == GroupedKind::kAllreduceInPlace,
+                                  opName(what, name, process_set), op, prescale, postscale,
+                                  process_set);
+    std::vector<int64_t> handles;
+    for (Pending& p : bundle.members) handles.push_back(addHandle(std::move(p)));
+    return handles;
   }
   GroupTag group{opName(what, name, process_set), static_cast<int32_t>(tensors.size())};
   std::vector<int64_t> handles;
@@ -500,6 +527,25 @@ std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>
     }
   }
   return handles;
+}
+
+c10::optional<std::vector<at::Tensor>> runBundle(const std::vector<at::Tensor>& tensors,
+                                                 bool in_place, const std::string& name,
+                                                 int64_t op, double prescale, double postscale,
+                                                 int64_t process_set) {
+  if (!bundles(tensors)) return c10::nullopt;
+  auto engine = checkGroup(GroupedKind::kAllreduce, tensors, name, process_set);
+  Bundle bundle = enqueueBundle(*engine, tensors, in_place,
+                                opName("grouped_allreduce", name, process_set), op, prescale,
+                                postscale, process_set);
+  waitWork(*bundle.work, engine->config().caller_spin);
+  std::vector<at::Tensor> out;
+  out.reserve(bundle.members.size());
+  for (Pending& p : bundle.members) {
+    if (p.copy_back_to.defined()) p.copy_back_to.copy_(p.result);
+    out.push_back(p.copy_back_to.defined() ? p.copy_back_to : p.result);
+  }
+  return out;
 }
 
 int64_t joinAndWait() {

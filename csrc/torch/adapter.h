@@ -80,6 +80,12 @@ enum class GroupedKind { kAllreduce, kAllreduceInPlace, kAllgather, kReducescatt
 std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>& tensors,
                                  const std::string& name, int64_t op, double prescale,
                                  double postscale, int64_t process_set);
+// A grouped allreduce of CPU tensors of one dtype runs as one op (a bundle);
+// this runs it and waits, without handles. nullopt: the group does not bundle.
+c10::optional<std::vector<at::Tensor>> runBundle(const std::vector<at::Tensor>& tensors,
+                                                 bool in_place, const std::string& name,
+                                                 int64_t op, double prescale, double postscale,
+                                                 int64_t process_set);
 // splits: rows to send to each rank (undefined: an even split).
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
                        const std::string& name, int64_t process_set);

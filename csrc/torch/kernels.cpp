@@ -96,12 +96,14 @@ std::vector<at::Tensor> waitAll(const std::vector<int64_t>& handles) {
 
 std::vector<at::Tensor> groupedAllreduce(at::TensorList ts, c10::string_view name, int64_t op,
                                          double pre, double post, int64_t ps) {
+  if (auto out = runBundle(ts.vec(), false, std::string(name), op, pre, post, ps)) return *out;
   return waitAll(submitGroup(GroupedKind::kAllreduce, ts.vec(), std::string(name), op, pre, post,
                              ps));
 }
 
 void groupedAllreduceInPlace(at::TensorList ts, c10::string_view name, int64_t op, double pre,
                              double post, int64_t ps) {
+  if (runBundle(ts.vec(), true, std::string(name), op, pre, post, ps)) return;
   waitAll(submitGroup(GroupedKind::kAllreduceInPlace, ts.vec(), std::string(name), op, pre, post,
                       ps));
 }
