@@ -81,6 +81,8 @@ void Engine::connect(const BackendFactory& make_backend, uint64_t generation) {
       connectWorker(prefix);
     }
     backend_ = make_backend(topology_, config_, *store_, prefix + "data/");
+    // The data plane's choice is every rank's: the ranks share one host.
+    if (std::string(backend_->name()) == "shm") attachControlRings(prefix + "control/");
   }
   SetRuntime& global = runtimes_[0];
   process_sets_.find(0, &global.ranks);
@@ -89,6 +91,67 @@ void Engine::connect(const BackendFactory& make_backend, uint64_t generation) {
   if (backend_ && backend_->directForms()) global.inline_cap = config_.shm_inline_cap;
   std::lock_guard<std::mutex> lock(mu_);
   backend_names_[0] = backendName();
+}
+
+// Rank 0 makes one segment with two rings per other rank (to it, from it),
+// the others map it, rank 0 unlinks the name; then each control socket sends
+// and receives through its rings. Rank 0's HVD_TORCH_SHM_CONTROL decides; a
+// rank that cannot map the segment keeps every rank on TCP. Nothing is in
+// flight on the sockets here: the handshake is over, the loop not started.
+void Engine::attachControlRings(const std::string& prefix) {
+  constexpr size_t kRingBytes = size_t{256} << 10;
+  const size_t lane = 2 * ByteRing::footprint(kRingBytes);
+  const auto timeout = config_.start_timeout;
+  const int n = topology_.size;
+  bool ok = true;
+  if (topology_.rank == 0) {
+    std::string name = config_.shm_control ? ShmSegment::uniqueName() : "";
+    try {
+      if (!name.empty()) control_segment_ = ShmSegment::create(name, lane * (n - 1));
+    } catch (const std::exception& e) {
+      HVD_LOG(kWarning) << "control frames stay on TCP: " << e.what();
+      name.clear();
+    }
+    store_->set(prefix + "name", name);
+    if (name.empty()) return;
+    for (int r = 1; r < n; ++r)
+      ok = store_->get(prefix + "mapped/" + std::to_string(r), timeout) == "1" && ok;
+    control_segment_.unlink();
+    store_->set(prefix + "verdict", ok ? "1" : "0");
+  } else {
+    const std::string name = store_->get(prefix + "name", timeout);
+    if (name.empty()) return;
+    try {
+      control_segment_ = ShmSegment::open(name, lane * (n - 1));
+    } catch (const std::exception& e) {
+      HVD_LOG(kWarning) << "control frames stay on TCP: " << e.what();
+      ok = false;
+    }
+    store_->set(prefix + "mapped/" + std::to_string(topology_.rank), ok ? "1" : "0");
+    ok = store_->get(prefix + "verdict", timeout) == "1";
+  }
+  if (!ok) {
+    control_segment_ = ShmSegment();
+    return;
+  }
+  // Rank r's lane: the ring to rank 0, then the ring back.
+  for (int r = 1; r < n; ++r) {
+    char* at = control_segment_.data() + lane * (r - 1);
+    rings_.push_back(std::make_unique<ByteRing>(at, kRingBytes));
+    rings_.push_back(std::make_unique<ByteRing>(at + lane / 2, kRingBytes));
+  }
+  auto up = [&](int r) { return rings_[2 * (r - 1)].get(); };
+  auto down = [&](int r) { return rings_[2 * (r - 1) + 1].get(); };
+  if (topology_.rank == 0) {
+    for (int r = 1; r < n; ++r) workers_[r]->attachRings(down(r), up(r));
+  } else {
+    to_coordinator_->attachRings(up(topology_.rank), down(topology_.rank));
+  }
+}
+
+std::string Engine::controlPlane() const {
+  if (topology_.size == 1) return "local";
+  return rings_.empty() ? "tcp" : "shm";
 }
 
 std::string Engine::backendName(int32_t process_set) const {
@@ -276,7 +339,9 @@ std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake) {
       auto earlier = it->second.lock();
       if (earlier && !earlier->done()) {
         throw DuplicateName(
-            std::string(opTypeName(entry.request.type)) + " '" + entry.request.name +
+            std::string(entry.request.isBundle() ? "grouped_allreduce"
+                                                 : opTypeName(entry.request.type)) +
+            " '" + entry.request.name +
             "': an operation with the same name is already in flight on rank " +
             std::to_string(topology_.rank) +
             (entry.request.process_set ? " in process set " +
@@ -303,42 +368,84 @@ void Engine::wake() {
   // Seen true: the background thread has not drained the last write yet and
   // takes the queue after it does, this entry included.
   if (wake_posted_.exchange(true)) return;
+  if (!engine_sleeping_.load()) return;  // it spins, and reads wake_posted_
   uint64_t one = 1;
   if (::write(wake_fd_, &one, sizeof(one)) < 0) {
   }
 }
 
-bool Engine::waitForEvents(std::vector<pollfd>& fds, int timeout_ms) {
+bool Engine::inputWaiting() const {
+  if (wake_posted_.load(std::memory_order_acquire)) return true;
+  for (const auto& w : workers_)
+    if (w && w->hasInput()) return true;
+  return to_coordinator_ && to_coordinator_->hasInput();
+}
+
+bool Engine::waitForEvents(std::vector<pollfd>& fds, const std::vector<FrameSocket*>& owners,
+                           int timeout_ms) {
   // Right after activity the next event (an answer, the caller's next op) is
   // usually tens of microseconds away: check without sleeping, yielding the
   // CPU, for a short while first, since a sleep and wake-up costs more than
   // that on a busy machine. An idle engine sleeps in poll() and costs nothing.
-  {
-    const auto until = std::chrono::steady_clock::now() + config_.engine_spin;
-    while (std::chrono::steady_clock::now() < until) {
+  // The rings and the submission flag are memory: looking costs no system
+  // call; with rings the sockets carry only doorbells and closes, so they are
+  // polled only every few rounds.
+  auto noteReadable = [&] {
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (owners[i] && fds[i].revents) owners[i]->noteReadable();
+  };
+  const unsigned poll_every = rings_.empty() ? 1 : 32;
+  const auto until = std::chrono::steady_clock::now() + config_.engine_spin;
+  for (unsigned i = 0;; ++i) {
+    if (inputWaiting()) return true;
+    if (i % poll_every == 0) {
       int r = ::poll(fds.data(), fds.size(), 0);
-      if (r != 0) return r > 0 || errno == EINTR;
-      sched_yield();
+      if (r != 0) {
+        noteReadable();
+        return r > 0 || errno == EINTR;
+      }
+      if (std::chrono::steady_clock::now() >= until) break;
     }
+    sched_yield();
   }
-  return ::poll(fds.data(), fds.size(), timeout_ms) >= 0 || errno == EINTR;
+  // Before sleeping, tell the submitters and the rings' writers to ring.
+  engine_sleeping_.store(true);
+  bool idle = !wake_posted_.load();
+  for (auto& w : workers_)
+    if (w) idle = w->sleepIfIdle() && idle;
+  if (to_coordinator_) idle = to_coordinator_->sleepIfIdle() && idle;
+  const int r = ::poll(fds.data(), fds.size(), idle ? timeout_ms : 0);
+  const int err = errno;
+  engine_sleeping_.store(false);
+  for (auto& w : workers_)
+    if (w) w->awake();
+  if (to_coordinator_) to_coordinator_->awake();
+  if (r > 0) noteReadable();
+  return r >= 0 || err == EINTR;
 }
 
 void Engine::loop() {
   std::vector<pollfd> fds;
+  std::vector<FrameSocket*> owners;
   while (true) {
     fds.clear();
+    owners.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
-    for (const auto& w : workers_)
-      if (w) fds.push_back({w->fd(), static_cast<short>(POLLIN | (w->wantsWrite() ? POLLOUT : 0)), 0});
+    owners.push_back(nullptr);
+    for (const auto& w : workers_) {
+      if (!w) continue;
+      fds.push_back({w->fd(), static_cast<short>(POLLIN | (w->wantsWrite() ? POLLOUT : 0)), 0});
+      owners.push_back(w.get());
+    }
     if (to_coordinator_) {
       fds.push_back({to_coordinator_->fd(),
                      static_cast<short>(POLLIN | (to_coordinator_->wantsWrite() ? POLLOUT : 0)), 0});
+      owners.push_back(to_coordinator_.get());
     }
     // Rank 0 wakes once a second while ops wait for other ranks, to check
     // for stalls; otherwise the loop sleeps until something happens.
     const bool watch = coordinator_ && config_.stall_check && coordinator_->hasWaiting();
-    if (!waitForEvents(fds, watch ? 1000 : -1)) {
+    if (!waitForEvents(fds, owners, watch ? 1000 : -1)) {
       fail(Status::peerFailure(std::string("poll failed: ") + std::strerror(errno)));
       return;
     }
@@ -346,7 +453,7 @@ void Engine::loop() {
     // after this point writes again, one before it is in the queue taken.
     wake_posted_.store(false);
     uint64_t drained;
-    if (::read(wake_fd_, &drained, sizeof(drained)) < 0) {
+    if (fds[0].revents != 0 && ::read(wake_fd_, &drained, sizeof(drained)) < 0) {
     }
     bool stop;
     {
@@ -782,6 +889,10 @@ void Engine::run(const Response& response) {
       rank_cache_.remember(RankCache::key(e->request), response.cache_ids[i]);
     }
     inline_in_flight_ -= e->inline_traffic;
+    // Our references to the tensors go first: a caller woken by complete()
+    // that frees its output must free the memory (host_output.h reuses it).
+    e->keep_alive.reset();
+    e->allocate = nullptr;
     e->work->complete(status);
     pending_.erase(tableKey(response.process_set, response.names[i]));
   }

@@ -33,6 +33,7 @@
 #include "entry.h"
 #include "executor.h"
 #include "frame_socket.h"
+#include "shm_segment.h"
 #include "process_sets.h"
 #include "response_cache.h"
 #include "store_client.h"
@@ -76,6 +77,8 @@ class Engine {
   // The data plane of a process set this rank is in ("shm", "gloo", "local"
   // for one rank); "" for a set it is not in.
   std::string backendName(int32_t process_set) const;
+  // How control frames travel: "shm", "tcp", or "local" (one rank).
+  std::string controlPlane() const;
   const EngineConfig& config() const { return config_; }
   // Every registered process set (any thread may read it).
   const ProcessSetTable& processSets() const { return process_sets_; }
@@ -92,7 +95,12 @@ class Engine {
   void connectWorker(const std::string& prefix);
   std::string missingRanksMessage(const std::string& prefix, const char* what);
 
-  bool waitForEvents(std::vector<pollfd>& fds, int timeout_ms);
+  // Rings that carry the control frames when every rank is on one host.
+  void attachControlRings(const std::string& prefix);
+  bool inputWaiting() const;
+  // owners[i]: the socket of fds[i] (null for the eventfd).
+  bool waitForEvents(std::vector<pollfd>& fds, const std::vector<FrameSocket*>& owners,
+                     int timeout_ms);
   void checkStalls();
   void loop();
   void takeSubmissions();
@@ -152,6 +160,9 @@ class Engine {
   // True from a wake-up's write until the background thread drains it: a
   // burst of submissions costs one write (a syscall and a context switch).
   std::atomic<bool> wake_posted_{false};
+  // True while the background thread sleeps in poll(): only then does a
+  // submission write the eventfd (the spinning thread reads wake_posted_).
+  std::atomic<bool> engine_sleeping_{false};
   std::thread thread_;
 
   // Background thread state.
@@ -162,6 +173,8 @@ class Engine {
   std::unique_ptr<Coordinator> coordinator_;           // rank 0 only
   std::vector<std::unique_ptr<FrameSocket>> workers_;  // rank 0: index = rank
   std::unique_ptr<FrameSocket> to_coordinator_;        // other ranks
+  ShmSegment control_segment_;                         // the rings, when attached
+  std::vector<std::unique_ptr<ByteRing>> rings_;
   std::chrono::steady_clock::time_point last_stall_check_{};
   std::chrono::steady_clock::time_point last_stall_warning_{};
 

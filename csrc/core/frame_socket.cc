@@ -59,7 +59,33 @@ void FrameSocket::send(const std::string& payload) {
   flush();
 }
 
+void FrameSocket::attachRings(ByteRing* out, ByteRing* in) {
+  out_ring_ = out;
+  in_ring_ = in;
+  inbox_.clear();  // nothing follows the last handshake frame on the socket
+  flushToRing();
+}
+
+void FrameSocket::ringDoorbell() {
+  const char bell = 1;
+  // A full socket buffer already holds doorbells the peer has not read.
+  if (::send(fd_, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN &&
+      errno != EWOULDBLOCK && errno != EINTR) {
+    throw std::runtime_error(std::string("control connection lost: ") + std::strerror(errno));
+  }
+}
+
+void FrameSocket::flushToRing() {
+  while (!outbox_.empty()) {
+    const size_t n = out_ring_->write(outbox_.data(), outbox_.size());
+    outbox_.erase(0, n);
+    if (n > 0 && out_ring_->readerSleeping()) ringDoorbell();
+    if (!outbox_.empty() && out_ring_->waitForRoom()) return;
+  }
+}
+
 void FrameSocket::flush() {
+  if (out_ring_ != nullptr) return flushToRing();
   size_t off = 0;
   while (off < outbox_.size()) {
     ssize_t w = ::send(fd_, outbox_.data() + off, outbox_.size() - off, MSG_NOSIGNAL);
@@ -79,6 +105,14 @@ void FrameSocket::flush() {
 void FrameSocket::flushBlocking(std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   flush();
+  while (out_ring_ != nullptr && !outbox_.empty()) {
+    // The reader rings when it has made room; poll a little at a time anyway.
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw std::runtime_error("control connection stalled while sending");
+    pollfd p{fd_, POLLIN, 0};
+    ::poll(&p, 1, 1);
+    flush();
+  }
   while (wantsWrite()) {
     pollfd p{fd_, POLLOUT, 0};
     int ms = msUntil(deadline);
@@ -91,16 +125,25 @@ void FrameSocket::flushBlocking(std::chrono::milliseconds timeout) {
 bool FrameSocket::readAvailable(std::vector<std::string>& frames) {
   bool open = true;
   char buf[65536];
-  while (true) {
+  const bool read_socket = in_ring_ == nullptr || socket_readable_;
+  socket_readable_ = false;
+  while (read_socket) {
     ssize_t r = ::recv(fd_, buf, sizeof(buf), 0);
     if (r > 0) {
-      inbox_.append(buf, static_cast<size_t>(r));
+      // With rings, what comes over the socket is doorbells.
+      if (in_ring_ == nullptr) inbox_.append(buf, static_cast<size_t>(r));
       continue;
     }
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     open = false;  // 0 = orderly close, <0 = reset
     break;
+  }
+  if (in_ring_ != nullptr) {
+    // Read after the socket: a peer that wrote its last frames and exited
+    // has them in the ring.
+    in_ring_->read(inbox_);
+    if (in_ring_->takeWaitingWriter() && open) ringDoorbell();
   }
   size_t off = 0;
   while (inbox_.size() - off >= 4) {

@@ -2,6 +2,9 @@
 // coordinator (rank 0) and every other rank. Reads never block and return
 // whole frames only. Sends queue and write what the socket takes: a rank must
 // never block in send() while its peer blocks in a collective that needs it.
+// With rings attached (every rank on one host), the frames' bytes go through
+// shared memory instead and the socket carries only doorbells (byte_ring.h)
+// and, by closing, a peer's death.
 //
 // Threading: one thread (the engine's background thread) per socket.
 #pragma once
@@ -9,6 +12,8 @@
 #include <chrono>
 #include <string>
 #include <vector>
+
+#include "byte_ring.h"
 
 namespace hvd {
 
@@ -25,7 +30,9 @@ class FrameSocket {
   void send(const std::string& payload);
   // Writes queued bytes without blocking; throws when the peer is gone.
   void flush();
-  bool wantsWrite() const { return !outbox_.empty(); }
+  // Bytes queued that the socket would take once writable (never with rings:
+  // the reader rings when it has made room).
+  bool wantsWrite() const { return !outbox_.empty() && out_ring_ == nullptr; }
   // Blocks until everything queued is written (handshakes, last words).
   void flushBlocking(std::chrono::milliseconds timeout);
   // Appends every complete frame that has arrived. Returns false once the
@@ -34,8 +41,29 @@ class FrameSocket {
   // Blocks until one frame arrives or the deadline passes (handshakes only).
   bool readOne(std::string& frame, std::chrono::steady_clock::time_point deadline);
 
+  // From now on frames go out through `out` and come in through `in` (both
+  // ends switch between two frames: nothing may be in flight on the socket).
+  void attachRings(ByteRing* out, ByteRing* in);
+  bool hasRings() const { return in_ring_ != nullptr; }
+  // Rings: a frame's bytes have arrived (readAvailable() will not be idle).
+  bool hasInput() const { return in_ring_ != nullptr && !in_ring_->empty(); }
+  // Rings: before the engine sleeps in poll(); false when input came meanwhile.
+  bool sleepIfIdle() { return in_ring_ == nullptr || in_ring_->sleepIfEmpty(); }
+  void awake() {
+    if (in_ring_ != nullptr) in_ring_->wake();
+  }
+  // poll() saw the socket readable: with rings, readAvailable() reads the
+  // socket (doorbells, a close) only then, sparing a system call per round.
+  void noteReadable() { socket_readable_ = true; }
+
  private:
+  void ringDoorbell();
+  void flushToRing();
+
   int fd_;
+  ByteRing* out_ring_ = nullptr;
+  ByteRing* in_ring_ = nullptr;
+  bool socket_readable_ = true;
   std::string inbox_;
   std::string outbox_;
 };

@@ -65,6 +65,7 @@ EngineConfig EngineConfig::fromEnvironment() {
   const bool chosen = !envString("HVD_TORCH_INLINE_THRESHOLD", "").empty() ||
                       envInt("HOROVOD_AUTOTUNE", 0) != 0;
   c.shm_inline_cap = chosen ? c.inline_threshold : size_t{16} << 10;
+  c.shm_control = envInt("HVD_TORCH_SHM_CONTROL", 1) != 0;
   c.start_timeout = std::chrono::seconds(envInt("HOROVOD_START_TIMEOUT", 30));
   c.op_timeout = std::chrono::seconds(envInt("HOROVOD_GLOO_TIMEOUT_SECONDS", 30));
   c.hostname = envString("HOROVOD_HOSTNAME", "localhost");

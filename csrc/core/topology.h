@@ -44,6 +44,9 @@ struct EngineConfig {
   // The same for a set on the shared-memory plane: 16 KiB unless the user
   // set the threshold or autotune tunes it.
   size_t shm_inline_cap = 16 << 10;
+  // Control frames through shared memory when the global set's data plane is
+  // shm (HVD_TORCH_SHM_CONTROL, default 1; rank 0's setting decides).
+  bool shm_control = true;
   std::chrono::milliseconds start_timeout{30000};  // HOROVOD_START_TIMEOUT (s)
   std::chrono::milliseconds op_timeout{30000};     // HOROVOD_GLOO_TIMEOUT_SECONDS
   std::string hostname;                      // HOROVOD_HOSTNAME

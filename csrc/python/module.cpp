@@ -64,6 +64,13 @@ PYBIND11_MODULE(_C, m) {
       },
       "The data plane of a process set: shm, gloo or local ('' when not a member).",
       pybind11::arg("process_set_id") = 0);
+  m.def(
+      "control_plane",
+      [] {
+        auto engine = currentEngine();
+        return engine ? engine->controlPlane() : std::string();
+      },
+      "How control frames travel between ranks: shm, tcp, or local (one rank).");
   // Process sets: the registry lives in the engine; Python keeps the objects.
   m.def("add_process_set", [](const std::vector<int64_t>& ranks) {
     pybind11::gil_scoped_release no_gil;  // a collective: waits for every rank

@@ -8,6 +8,7 @@
 
 #include "../core/engine_registry.h"
 #include "device_io.h"
+#include "host_output.h"
 
 namespace hvd {
 namespace torch_layer {
@@ -224,8 +225,9 @@ EngineInput takeInput(const at::Tensor& tensor, DataType dtype, const char* op,
 void bindSameShapeOutput(const at::Tensor& tensor, const EngineInput& in, bool in_place,
                          Entry& e, Pending& p) {
   const at::Tensor& input = in.tensor;
-  at::Tensor output =
-      in_place || in.plane == Plane::kStaged ? input : at::empty_like(input);
+  at::Tensor output = in_place || in.plane == Plane::kStaged ? input
+                      : in.plane == Plane::kHost          ? hostOutput(input.sizes(), input.options())
+                                                          : at::empty_like(input);
   lendToEngine(output, in);
   if (in_place && !input.is_same(tensor)) p.copy_back_to = tensor;
   p.result = output;
@@ -435,7 +437,7 @@ Bundle enqueueBundle(Engine& engine, const std::vector<at::Tensor>& tensors, boo
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& tensor = tensors[i];
     const at::Tensor input = tensor.contiguous();
-    const at::Tensor output = in_place ? input : at::empty_like(input);
+    const at::Tensor output = in_place ? input : hostOutput(input.sizes(), input.options());
     Pending p;
     p.result = output;
     if (in_place && !input.is_same(tensor)) p.copy_back_to = tensor;

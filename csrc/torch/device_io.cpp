@@ -2,6 +2,8 @@
 
 #include <atomic>
 
+#include "host_output.h"
+
 #ifdef HVD_TORCH_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -53,7 +55,7 @@ EngineInput prepareInput(const at::Tensor& tensor, DataType, const char* op,
 }
 
 at::Tensor engineEmpty(at::IntArrayRef shape, const EngineInput& input) {
-  return at::empty(shape, input.tensor.options());
+  return hostOutput(shape, input.tensor.options());
 }
 
 void lendToEngine(const at::Tensor&, const EngineInput&) {}
@@ -149,7 +151,7 @@ EngineInput prepareInput(const at::Tensor& tensor, DataType dtype, const char* o
 at::Tensor engineEmpty(at::IntArrayRef shape, const EngineInput& input) {
   switch (input.plane) {
     case Plane::kHost:
-      return at::empty(shape, input.tensor.options());
+      return hostOutput(shape, input.tensor.options());
     case Plane::kStaged:
       return at::empty(shape, input.tensor.options().pinned_memory(true));
     case Plane::kDevice: {

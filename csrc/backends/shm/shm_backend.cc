@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
 #include <stdexcept>
 #include <thread>
 
@@ -267,16 +266,6 @@ void ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send_coun
 
 void ShmBackend::barrier() { sync_.barrier("barrier"); }
 
-namespace {
-
-std::string uniqueName() {
-  std::random_device rd;
-  return "/hvd_torch." + std::to_string(::getpid()) + "." + std::to_string(rd()) +
-         std::to_string(rd());
-}
-
-}  // namespace
-
 std::unique_ptr<Backend> tryShmBackend(const Topology& topology, const EngineConfig& config,
                                        StoreClient& store, const std::string& prefix) {
   const int n = topology.size;
@@ -310,7 +299,7 @@ std::unique_ptr<Backend> tryShmBackend(const Topology& topology, const EngineCon
   ShmSegment segment;
   bool ok = ShmSync::canWatch(pids, me);
   if (me == 0) {
-    std::string name = uniqueName();
+    std::string name = ShmSegment::uniqueName();
     try {
       if (ok) segment = ShmSegment::create(name, bytes);
     } catch (const std::exception&) {

@@ -18,7 +18,7 @@
 #include <memory>
 
 #include "../../core/backend.h"
-#include "shm_segment.h"
+#include "../../core/shm_segment.h"
 #include "shm_sync.h"
 
 namespace hvd {

@@ -7,10 +7,17 @@
 
 #include <cerrno>
 #include <cstring>
+#include <random>
 #include <stdexcept>
 #include <utility>
 
 namespace hvd {
+
+std::string ShmSegment::uniqueName() {
+  std::random_device rd;
+  return "/hvd_torch." + std::to_string(::getpid()) + "." + std::to_string(rd()) +
+         std::to_string(rd());
+}
 
 namespace {
 

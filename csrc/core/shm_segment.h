@@ -30,6 +30,9 @@ class ShmSegment {
   ShmSegment& operator=(const ShmSegment&) = delete;
   ~ShmSegment();
 
+  // A name no other segment has: "/hvd_torch.<pid>.<random>".
+  static std::string uniqueName();
+
   // Removes the name (the mapping stays). Safe to call more than once.
   void unlink();
 

@@ -1,0 +1,114 @@
+#include "host_output.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/CPUAllocator.h>
+
+namespace hvd {
+namespace torch_layer {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kPooledFrom = size_t{1} << 20;  // smaller: the default CPU allocator
+
+size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// One mapping: `data` is its first huge-page boundary, `bytes` long.
+struct Block {
+  void* base;
+  size_t mapped;
+  void* data;
+  size_t bytes;
+};
+
+size_t cacheCap() {
+  size_t mb = 1024;
+  if (const char* v = std::getenv("HVD_TORCH_OUTPUT_CACHE_MB")) mb = std::strtoull(v, nullptr, 10);
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const size_t eighth = pages > 0 ? static_cast<size_t>(pages) * sysconf(_SC_PAGESIZE) / 8 : 0;
+  const size_t cap = mb << 20;
+  return eighth > 0 && cap > eighth ? eighth : cap;
+}
+
+class Pool {
+ public:
+  Block* take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        Block* b = it->second;
+        free_.erase(it);
+        cached_ -= bytes;
+        return b;
+      }
+    }
+    // Mapped with a huge page of slack, so the block starts on a boundary
+    // and every 2 MiB of it can be one huge page.
+    const size_t mapped = bytes + kHugePage;
+    void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return nullptr;
+    auto at = reinterpret_cast<uintptr_t>(base);
+    void* data = reinterpret_cast<void*>(roundUp(at, kHugePage));
+    madvise(data, bytes, MADV_HUGEPAGE);
+    return new Block{base, mapped, data, bytes};
+  }
+
+  void give(Block* b) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cached_ + b->bytes <= cap_) {
+        free_.emplace(b->bytes, b);
+        cached_ += b->bytes;
+        return;
+      }
+    }
+    munmap(b->base, b->mapped);
+    delete b;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_multimap<size_t, Block*> free_;  // by size
+  size_t cached_ = 0;
+  const size_t cap_ = cacheCap();
+};
+
+Pool& pool() {
+  static Pool* p = new Pool();  // never destroyed: blocks may be freed at exit
+  return *p;
+}
+
+void giveBack(void* ctx) { pool().give(static_cast<Block*>(ctx)); }
+
+// The allocator of our outputs' storages, so they stay resizable tensors.
+class OutputAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    if (n < kPooledFrom) return c10::GetDefaultCPUAllocator()->allocate(n);
+    Block* b = pool().take(roundUp(n, kHugePage));
+    if (b == nullptr) return c10::GetDefaultCPUAllocator()->allocate(n);
+    return {b->data, b, &giveBack, c10::Device(c10::DeviceType::CPU)};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+}  // namespace
+
+at::Tensor hostOutput(at::IntArrayRef shape, const at::TensorOptions& options) {
+  static OutputAllocator allocator;
+  return at::detail::empty_generic(shape, &allocator, c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   c10::typeMetaToScalarType(options.dtype()), c10::nullopt);
+}
+
+}  // namespace torch_layer
+}  // namespace hvd
