@@ -3,10 +3,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <iterator>
 #include <mutex>
-#include <unordered_map>
+#include <vector>
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
@@ -37,46 +40,51 @@ size_t cacheCap() {
   return eighth > 0 && cap > eighth ? eighth : cap;
 }
 
+// Freed blocks, oldest first: a block is reused by the next output of its
+// size; past the cap the oldest go, so the pool follows the sizes in use.
 class Pool {
  public:
   Block* take(size_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(bytes);
-      if (it != free_.end()) {
-        Block* b = it->second;
-        free_.erase(it);
+      for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+        if ((*it)->bytes != bytes) continue;
+        Block* b = *it;
+        free_.erase(std::next(it).base());
         cached_ -= bytes;
         return b;
       }
     }
-    // Mapped with a huge page of slack, so the block starts on a boundary
-    // and every 2 MiB of it can be one huge page.
+    // Mapped with a huge page of slack, so the block starts on a 2 MiB
+    // boundary (the kernel may back it with transparent huge pages).
     const size_t mapped = bytes + kHugePage;
     void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) return nullptr;
-    auto at = reinterpret_cast<uintptr_t>(base);
-    void* data = reinterpret_cast<void*>(roundUp(at, kHugePage));
-    madvise(data, bytes, MADV_HUGEPAGE);
+    void* data = reinterpret_cast<void*>(roundUp(reinterpret_cast<uintptr_t>(base), kHugePage));
     return new Block{base, mapped, data, bytes};
   }
 
   void give(Block* b) {
+    std::vector<Block*> evicted;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (cached_ + b->bytes <= cap_) {
-        free_.emplace(b->bytes, b);
-        cached_ += b->bytes;
-        return;
+      free_.push_back(b);
+      cached_ += b->bytes;
+      while (cached_ > cap_ && !free_.empty()) {
+        cached_ -= free_.front()->bytes;
+        evicted.push_back(free_.front());
+        free_.pop_front();
       }
     }
-    munmap(b->base, b->mapped);
-    delete b;
+    for (Block* e : evicted) {
+      munmap(e->base, e->mapped);
+      delete e;
+    }
   }
 
  private:
   std::mutex mu_;
-  std::unordered_multimap<size_t, Block*> free_;  // by size
+  std::deque<Block*> free_;
   size_t cached_ = 0;
   const size_t cap_ = cacheCap();
 };

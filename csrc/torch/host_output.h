@@ -1,12 +1,13 @@
 // Host memory for the tensors the engine writes (a functional allreduce's or
 // broadcast's output, an allgather's): blocks of 1 MiB and more are mappings
-// backed by transparent huge pages, kept in a bounded pool when freed, so a
-// training loop that makes outputs of the same sizes step after step reuses
-// memory that is already faulted in instead of faulting in every 4 KiB page
-// of a fresh allocation (most of a large functional op's cost otherwise).
+// kept in a bounded pool when freed, so a training loop that makes outputs of
+// the same sizes step after step reuses memory that is already faulted in
+// instead of faulting in every page of a fresh allocation (most of a large
+// functional op's cost otherwise).
 //
 // HVD_TORCH_OUTPUT_CACHE_MB bounds the freed memory kept (default 1024, 0
-// keeps none; never more than an eighth of the machine's memory).
+// keeps none; never more than an eighth of the machine's memory); past it the
+// blocks freed longest ago are unmapped.
 // Threading: any thread; blocks may be freed on any thread.
 #pragma once
 
