@@ -463,6 +463,8 @@ def worker(args):
     log(f"# hvd-torch {hvd.__version__}, torch {torch.__version__}, {size} ranks on "
         f"{platform.node()} ({os.cpu_count()} CPUs), dtype {args.dtype}, warmup {args.warmup}, "
         f"median of {args.reps} sets; load average {load_start[0]:.2f}")  # fmt: skip
+    planes = {"data": hvd._C.backend_name(), "control": hvd._C.control_plane()}
+    log(f"# hvd-torch planes: data {planes['data']}, control {planes['control']}")
     if mpi_info:
         log(f"# mpi: {mpi_info['library']}, mpi4py {mpi_info['mpi4py']}, {mpi_info['transport']}")
     for note in notes:
@@ -482,6 +484,7 @@ def worker(args):
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "load_average": {"start": load_start, "end": os.getloadavg()},
         "hvd_torch": hvd.__version__,
+        "planes": planes,
         "torch": torch.__version__,
         "mpi": mpi_info,
         "torch_calls": torch_calls,
