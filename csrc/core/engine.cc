@@ -388,13 +388,14 @@ bool Engine::waitForEvents(std::vector<pollfd>& fds, const std::vector<FrameSock
   // CPU, for a short while first, since a sleep and wake-up costs more than
   // that on a busy machine. An idle engine sleeps in poll() and costs nothing.
   // The rings and the submission flag are memory: looking costs no system
-  // call; with rings the sockets carry only doorbells and closes, so they are
-  // polled only every few rounds.
+  // call; with rings (or one rank) the sockets carry only doorbells and
+  // closes, so they are polled only every few rounds.
   auto noteReadable = [&] {
     for (size_t i = 0; i < fds.size(); ++i)
       if (owners[i] && fds[i].revents) owners[i]->noteReadable();
   };
-  const unsigned poll_every = rings_.empty() ? 1 : 32;
+  const bool frames_on_sockets = rings_.empty() && topology_.size > 1;
+  const unsigned poll_every = frames_on_sockets ? 1 : 32;
   const auto until = std::chrono::steady_clock::now() + config_.engine_spin;
   for (unsigned i = 0;; ++i) {
     if (inputWaiting()) return true;

@@ -121,16 +121,6 @@ Response Response::decode(Reader& r) {
   return p;
 }
 
-std::vector<int64_t> Request::encodeMemberShapes(
-    const std::vector<std::vector<int64_t>>& shapes) {
-  std::vector<int64_t> out{static_cast<int64_t>(shapes.size())};
-  for (const auto& s : shapes) {
-    out.push_back(static_cast<int64_t>(s.size()));
-    out.insert(out.end(), s.begin(), s.end());
-  }
-  return out;
-}
-
 std::vector<std::vector<int64_t>> Request::memberShapes() const {
   std::vector<std::vector<int64_t>> shapes;
   if (splits.empty()) return shapes;

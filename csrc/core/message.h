@@ -43,10 +43,9 @@ struct Request {
   // "cpu", "cuda:1 (nccl)", "cuda:0 (host-staged)": for error messages.
   std::string deviceString() const;
 
-  // A bundle's member shapes, encoded into splits as {count, then each
-  // shape's rank and dimensions}, and back.
+  // A bundle's member shapes, which splits holds as {count, then each shape's
+  // number of dimensions and its dimensions}.
   bool isBundle() const { return type == OpType::kAllreduce && !splits.empty(); }
-  static std::vector<int64_t> encodeMemberShapes(const std::vector<std::vector<int64_t>>& shapes);
   std::vector<std::vector<int64_t>> memberShapes() const;
 
   void encode(Writer& w) const;

@@ -85,8 +85,8 @@ std::shared_ptr<Engine> requireEngine(const char* op) {
   return engine;
 }
 
-DataType toDataType(const at::Tensor& t, const char* op, const std::string& name) {
-  switch (t.scalar_type()) {
+c10::optional<DataType> dataTypeOf(at::ScalarType type) {
+  switch (type) {
     case at::kByte: return DataType::kUInt8;
     case at::kChar: return DataType::kInt8;
     case at::kShort: return DataType::kInt16;
@@ -97,11 +97,16 @@ DataType toDataType(const at::Tensor& t, const char* op, const std::string& name
     case at::kFloat: return DataType::kFloat32;
     case at::kDouble: return DataType::kFloat64;
     case at::kBool: return DataType::kBool;
-    default:
-      TORCH_CHECK_VALUE(false, "hvd_torch.", op, " '", name, "': unsupported dtype ", t.scalar_type(),
-                  "; supported: uint8, int8, int16, int32, int64, float16, bfloat16, float32, "
-                  "float64, bool");
+    default: return c10::nullopt;
   }
+}
+
+DataType toDataType(const at::Tensor& t, const char* op, const std::string& name) {
+  const c10::optional<DataType> dtype = dataTypeOf(t.scalar_type());
+  TORCH_CHECK_VALUE(dtype.has_value(), "hvd_torch.", op, " '", name, "': unsupported dtype ",
+                    t.scalar_type(), "; supported: uint8, int8, int16, int32, int64, float16, "
+                    "bfloat16, float32, float64, bool");
+  return *dtype;
 }
 
 std::string opName(const char* op, const std::string& name, int64_t process_set) {
@@ -430,9 +435,14 @@ Bundle enqueueBundle(Engine& engine, const std::vector<at::Tensor>& tensors, boo
   e.request.reduce_op = static_cast<ReduceOp>(op);
   e.request.prescale = prescale;
   e.request.postscale = postscale;
-  std::vector<std::vector<int64_t>> shapes;
   std::vector<Pending> members;
+  members.reserve(tensors.size());
+  e.parts.reserve(tensors.size());
   auto owned = std::make_shared<std::vector<at::Tensor>>();
+  owned->reserve(in_place ? tensors.size() : 2 * tensors.size());
+  // The member shapes as Request::memberShapes() reads them.
+  std::vector<int64_t>& shapes = e.request.splits;
+  shapes.push_back(static_cast<int64_t>(tensors.size()));
   int64_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& tensor = tensors[i];
@@ -444,12 +454,12 @@ Bundle enqueueBundle(Engine& engine, const std::vector<at::Tensor>& tensors, boo
     e.parts.push_back({input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel())});
     owned->push_back(input);
     if (!in_place) owned->push_back(output);
-    shapes.emplace_back(tensor.sizes().begin(), tensor.sizes().end());
+    shapes.push_back(tensor.dim());
+    shapes.insert(shapes.end(), tensor.sizes().begin(), tensor.sizes().end());
     total += input.numel();
     members.push_back(std::move(p));
   }
   e.request.shape = {total};
-  e.request.splits = Request::encodeMemberShapes(shapes);
   e.keep_alive = owned;
   Bundle bundle;
   try {
@@ -477,6 +487,12 @@ std::shared_ptr<Engine> checkGroup(GroupedKind kind, const std::vector<at::Tenso
   const std::string prefix = std::string(what) + " member ";
   std::string member;  // one buffer for every member's name: no allocation per member
   for (size_t i = 0; i < tensors.size(); ++i) {
+    // The common case checked without a name (a member's costs add up).
+    const at::Tensor& t = tensors[i];
+    if (t.device().is_cpu() && dataTypeOf(t.scalar_type()) &&
+        (kind != GroupedKind::kReducescatter || t.dim() >= 1)) {
+      continue;
+    }
     member.assign(prefix).append(std::to_string(i));
     toDataType(tensors[i], what, member);
     checkDevice(tensors[i], what, member);

@@ -204,6 +204,27 @@ TEST(request_sizes_and_shape_string) {
   CHECK_EQ(q.rowElements(), 0);
 }
 
+TEST(bundle_member_shapes_read_back_from_splits) {
+  Request q;
+  q.name = "grads";
+  CHECK(!q.isBundle());
+  // Three members: [2, 3], a scalar, [4].
+  q.splits = {3, 2, 2, 3, 0, 1, 4};
+  q.shape = {11};
+  CHECK(q.isBundle());
+  const auto shapes = q.memberShapes();
+  CHECK_EQ(shapes.size(), size_t{3});
+  CHECK((shapes[0] == std::vector<int64_t>{2, 3}));
+  CHECK(shapes[1].empty());
+  CHECK((shapes[2] == std::vector<int64_t>{4}));
+  CHECK_EQ(bundleMemberName(q.name, 2), std::string("grads.2"));
+  // Truncated (a corrupt frame): what is there, never a read past the end.
+  q.splits = {3, 2, 2};
+  CHECK_EQ(q.memberShapes().size(), size_t{1});
+  q.type = OpType::kAlltoall;  // splits of another op are not member shapes
+  CHECK(!q.isBundle());
+}
+
 TEST(response_round_trip_execute_allgather_first_dims) {
   Response p;
   p.kind = Response::kExecute;
