@@ -271,6 +271,21 @@ int64_t enqueue(Engine& engine, Entry e, Pending p, bool wake = true) {
 
 }  // namespace
 
+namespace {
+
+// An allreduce's op and scaling, as Horovod accepts them.
+void checkReduction(const char* what, const std::string& name, DataType dtype, int64_t op,
+                    double prescale, double postscale) {
+  TORCH_CHECK_VALUE(op == 0 || op == 1 || (op >= 3 && op <= 5), "hvd_torch.", what, " '", name,
+                    "': unsupported reduce op ", op,
+                    " (Average=0, Sum=1, Min=3, Max=4, Product=5; Adasum is not supported)");
+  TORCH_CHECK_VALUE(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
+                    "hvd_torch.", what, " '", name,
+                    "': bool tensors support Sum/Max (or) and Min/Product (and), without scaling");
+}
+
+}  // namespace
+
 int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::string& user_name,
                         int64_t op, double prescale, double postscale, int64_t process_set,
                         const GroupTag* group) {
@@ -278,12 +293,7 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::stri
   const std::string name = opName("allreduce", user_name, process_set);
   const std::vector<int> members = requireMember(*engine, process_set, "allreduce", name);
   DataType dtype = toDataType(tensor, "allreduce", name);
-  TORCH_CHECK_VALUE(op == 0 || op == 1 || (op >= 3 && op <= 5), "hvd_torch.allreduce '", name,
-              "': unsupported reduce op ", op,
-              " (Average=0, Sum=1, Min=3, Max=4, Product=5; Adasum is not supported)");
-  TORCH_CHECK_VALUE(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
-              "hvd_torch.allreduce '", name,
-              "': bool tensors support Sum/Max (or) and Min/Product (and), without scaling");
+  checkReduction("allreduce", name, dtype, op, prescale, postscale);
   Entry e;
   Pending p;
   e.request = baseRequest(OpType::kAllreduce, tensor, dtype, name, process_set, group);
@@ -421,12 +431,7 @@ Bundle enqueueBundle(Engine& engine, const std::vector<at::Tensor>& tensors, boo
                      int64_t process_set) {
   const char* what = "grouped_allreduce";
   const DataType dtype = toDataType(tensors[0], what, group);
-  TORCH_CHECK_VALUE(op == 0 || op == 1 || (op >= 3 && op <= 5), "hvd_torch.", what, " '", group,
-              "': unsupported reduce op ", op,
-              " (Average=0, Sum=1, Min=3, Max=4, Product=5; Adasum is not supported)");
-  TORCH_CHECK_VALUE(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
-              "hvd_torch.", what, " '", group,
-              "': bool tensors support Sum/Max (or) and Min/Product (and), without scaling");
+  checkReduction(what, group, dtype, op, prescale, postscale);
   Entry e;
   e.request.type = OpType::kAllreduce;
   e.request.dtype = dtype;
