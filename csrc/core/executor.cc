@@ -251,18 +251,20 @@ void Executor::allgatherFused(const Response& response, const std::vector<Entry*
 // Several broadcasts from one root as one, through the fusion buffer.
 void Executor::broadcastFused(const std::vector<Entry*>& entries) {
   const Request& q = entries[0]->request;
-  size_t total = 0;
-  for (Entry* e : entries) total += e->request.numBytes();
+  const size_t elem = dataTypeSize(q.dtype);
+  const std::vector<Backend::Span> spans = spansOf(entries);
+  size_t total = 0;  // elements
+  for (const auto& s : spans) total += s.count;
   if (total == 0) return;
-  char* buf = static_cast<char*>(memory_->scratch(total));
+  char* buf = static_cast<char*>(memory_->scratch(total * elem));
   const int root = ranks_.empty() ? q.root_rank : indexIn(ranks_, q.root_rank);
   if (rank_ == root) {
     TimelineSpan copy_in(timeline_, rows_, "MEMCPY_IN_FUSION_BUFFER");
-    packInputs(spansOf(entries), dataTypeSize(q.dtype), buf);
+    packInputs(spans, elem, buf);
   }
-  backend_->broadcast(buf, total / dataTypeSize(q.dtype), q.dtype, root);
+  backend_->broadcast(buf, total, q.dtype, root);
   TimelineSpan copy_out(timeline_, rows_, "MEMCPY_OUT_FUSION_BUFFER");
-  unpackOutputs(spansOf(entries), dataTypeSize(q.dtype), buf);
+  unpackOutputs(spans, elem, buf);
 }
 
 void Executor::broadcast(Entry& e) {
