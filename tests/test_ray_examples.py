@@ -2,6 +2,8 @@
 examples/ray_stateful.py, and the elastic one, examples/ray_elastic.py,
 joining this module's Ray with --address."""
 
+import re
+
 import pytest
 from ray_harness import no_leaks, ray_address, ray_module_fixture, run_example  # noqa: F401
 
@@ -31,4 +33,7 @@ def test_elastic_example_survives_a_killed_worker():
     epochs = [int(line.split(":")[0][6:]) for line in out.splitlines() if line.startswith("epoch ")]
     # An epoch reports twice if the kill lands between its report and its commit.
     assert epochs == sorted(epochs) and set(epochs) == {0, 1, 2}, out
-    assert "all 3 workers hold identical weights after 3 epochs (1 reset(s))" in out, out
+    # One reset when the replacement joins the round that drops w1; two when
+    # the survivors go on as 2 first and the replacement joins the next round.
+    assert re.search(r"all 3 workers hold identical weights after 3 epochs \([12] reset\(s\)\)",
+                     out), out
