@@ -12,7 +12,8 @@ import torch
 
 from hvd_torch.basics import Average
 from hvd_torch.compression import Compression
-from hvd_torch.ops import _ps, _resolve_op, _translate_errors, global_process_set
+from hvd_torch import _C
+from hvd_torch.ops import _is_compiling, _ps, _resolve_op, _translate_errors, global_process_set
 
 _ops = torch.ops.hvd_torch
 
@@ -58,9 +59,11 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Allreduces every tensor in `tensors` as one unit; returns the list of results."""
     compressed = [compression.compress(t) for t in tensors]
-    outs = _ops.grouped_allreduce([c for c, _ in compressed], name or "",
-                                  *_args(average, op, prescale_factor, postscale_factor,
-                                         process_set))
+    inputs = [c for c, _ in compressed]
+    args = (name or "",) + _args(average, op, prescale_factor, postscale_factor, process_set)
+    outs = None if _is_compiling() else _C.eager_grouped_allreduce(inputs, *args)
+    if outs is None:
+        outs = _ops.grouped_allreduce(inputs, *args)
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
@@ -68,8 +71,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     """In-place grouped allreduce; returns `tensors`."""
-    _ops.grouped_allreduce_(list(tensors), name or "",
-                            *_args(average, op, prescale_factor, postscale_factor, process_set))
+    args = (name or "",) + _args(average, op, prescale_factor, postscale_factor, process_set)
+    if _is_compiling() or not _C.eager_grouped_allreduce_(tensors, *args):
+        _ops.grouped_allreduce_(list(tensors), *args)
     return tensors
 
 

@@ -11,6 +11,7 @@ import warnings
 import torch
 from torch.distributed import DistNetworkError
 
+from hvd_torch import _C
 from hvd_torch.basics import Average, Sum
 from hvd_torch.compression import Compression
 from hvd_torch.exceptions import HorovodInternalError
@@ -97,6 +98,11 @@ def _resolve_op(average, op):
 
 
 _ps = process_set_id
+# Eager blocking allreduces of plain CPU tensors skip the dispatcher's ~2 us
+# (csrc/python/eager_fast_path.cpp says when); torch.compile traces the op.
+_is_compiling = torch.compiler.is_compiling
+_eager_allreduce = _C.eager_allreduce
+_eager_allreduce_ = _C.eager_allreduce_
 
 
 @_translate_errors
@@ -115,8 +121,11 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     Differentiable: the gradient is the same allreduce of the gradient.
     """
     compressed, ctx = compression.compress(tensor)
-    out = _ops.allreduce(compressed, name or "", _resolve_op(average, op),
-                         float(prescale_factor), float(postscale_factor), _ps(process_set))
+    args = (name or "", _resolve_op(average, op), float(prescale_factor),
+            float(postscale_factor), _ps(process_set))
+    out = None if _is_compiling() else _eager_allreduce(compressed, *args)
+    if out is None:
+        out = _ops.allreduce(compressed, *args)
     return compression.decompress(out, ctx)
 
 
@@ -132,8 +141,10 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce; returns `tensor`."""
-    _ops.allreduce_(tensor, name or "", _resolve_op(average, op),
-                    float(prescale_factor), float(postscale_factor), _ps(process_set))
+    args = (name or "", _resolve_op(average, op), float(prescale_factor),
+            float(postscale_factor), _ps(process_set))
+    if _is_compiling() or not _eager_allreduce_(tensor, *args):
+        _ops.allreduce_(tensor, *args)
     return tensor
 
 

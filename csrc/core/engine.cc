@@ -310,6 +310,7 @@ void Engine::shutdown() {
   if (::write(wake_fd_, &one, sizeof(one)) < 0) {
   }
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> baton(baton_);  // a driver may still be in a round
   timeline_.stop();  // after the thread: its last events are in the file
   workers_.clear();
   to_coordinator_.reset();
@@ -382,7 +383,7 @@ bool Engine::inputWaiting() const {
 }
 
 bool Engine::waitForEvents(std::vector<pollfd>& fds, const std::vector<FrameSocket*>& owners,
-                           int timeout_ms) {
+                           int timeout_ms, std::unique_lock<std::mutex>& baton) {
   // Right after activity the next event (an answer, the caller's next op) is
   // usually tens of microseconds away: check without sleeping, yielding the
   // CPU, for a short while first, since a sleep and wake-up costs more than
@@ -394,10 +395,21 @@ bool Engine::waitForEvents(std::vector<pollfd>& fds, const std::vector<FrameSock
     for (size_t i = 0; i < fds.size(); ++i)
       if (owners[i] && fds[i].revents) owners[i]->noteReadable();
   };
+  auto handOverNow = [&] {
+    uint64_t drained;  // a driver's wake-up: handOver() must not take it for news
+    if (fds[0].revents && ::read(wake_fd_, &drained, sizeof(drained)) < 0) {
+    }
+    handOver(baton, fds);
+    for (auto& f : fds) f.revents = 0;
+    for (auto* o : owners)
+      if (o) o->noteReadable();  // a close may have come meanwhile
+    return true;
+  };
   const bool frames_on_sockets = rings_.empty() && topology_.size > 1;
   const unsigned poll_every = frames_on_sockets ? 1 : 32;
   const auto until = std::chrono::steady_clock::now() + config_.engine_spin;
   for (unsigned i = 0;; ++i) {
+    if (drivers_waiting_.load()) return handOverNow();
     if (inputWaiting()) return true;
     if (i % poll_every == 0) {
       int r = ::poll(fds.data(), fds.size(), 0);
@@ -409,9 +421,10 @@ bool Engine::waitForEvents(std::vector<pollfd>& fds, const std::vector<FrameSock
     }
     sched_yield();
   }
-  // Before sleeping, tell the submitters and the rings' writers to ring.
+  // Before sleeping, tell the submitters, drivers and the rings' writers to
+  // ring (seq_cst: a driver either sees engine_sleeping_ or we see it).
   engine_sleeping_.store(true);
-  bool idle = !wake_posted_.load();
+  bool idle = !wake_posted_.load() && drivers_waiting_.load() == 0;
   for (auto& w : workers_)
     if (w) idle = w->sleepIfIdle() && idle;
   if (to_coordinator_) idle = to_coordinator_->sleepIfIdle() && idle;
@@ -422,77 +435,209 @@ bool Engine::waitForEvents(std::vector<pollfd>& fds, const std::vector<FrameSock
     if (w) w->awake();
   if (to_coordinator_) to_coordinator_->awake();
   if (r > 0) noteReadable();
+  if (r >= 0 && drivers_waiting_.load()) return handOverNow();
   return r >= 0 || err == EINTR;
 }
 
+namespace {
+int64_t steadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void Engine::handOver(std::unique_lock<std::mutex>& baton, const std::vector<pollfd>& fds) {
+  // While drivers come back faster than engine_spin (a loop of synchronous
+  // ops), they do all the work and this thread only watches: for the wake-up
+  // eventfd (another thread's submission) and the sockets (a doorbell, a
+  // peer's close), which it cannot read without the baton. Peers see our
+  // rings as read (no doorbells), so their frames wait at most engine_spin
+  // for a driver before this thread takes the baton back.
+  std::vector<pollfd> watch = fds;
+  for (auto& f : watch) f.events = POLLIN;
+  const int64_t window = std::chrono::duration_cast<std::chrono::nanoseconds>(config_.engine_spin).count();
+  engine_sleeping_.store(true);  // others' submissions write the eventfd
+  handed_over_.store(true);
+  baton.unlock();
+  while (true) {
+    // A driver in a long op is not disturbed: it rings when it ends.
+    const int64_t left = driving_.load() ? 1000000 : last_drive_end_ns_.load() + window - steadyNs();
+    timespec ts{0, std::max<int64_t>(left, 20000)};
+    const int r = ::ppoll(watch.data(), watch.size(), &ts, nullptr);
+    uint64_t drained;
+    if (r > 0 && watch[0].revents && ::read(wake_fd_, &drained, sizeof(drained)) < 0) {
+    }
+    if (r > 0) {
+      // Something to do: after the driver's op if one is running (blocking,
+      // since a close stays readable and polling again would spin).
+      baton.lock();
+      break;
+    }
+    if (drivers_waiting_.load() == 0 && steadyNs() - last_drive_end_ns_.load() >= window &&
+        baton.try_lock())
+      break;
+  }
+  handed_over_.store(false);
+  engine_sleeping_.store(false);
+}
+
+bool Engine::awaitInput(std::vector<pollfd>& fds, const std::vector<FrameSocket*>& owners,
+                        const Work& work, std::chrono::steady_clock::time_point deadline) {
+  const bool frames_on_sockets = rings_.empty() && topology_.size > 1;
+  const unsigned poll_every = frames_on_sockets ? 1 : 32;
+  for (unsigned i = 0;; ++i) {
+    if (work.done()) return false;
+    if (inputWaiting()) return true;
+    if (i % poll_every == 0) {
+      const int r = ::poll(fds.data() + 1, fds.size() - 1, 0);  // not the eventfd: not ours
+      if (r != 0) {
+        for (size_t k = 1; k < fds.size(); ++k)
+          if (fds[k].revents) owners[k]->noteReadable();
+        return true;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+    }
+    sched_yield();
+  }
+}
+
+bool Engine::drive(const Work& work) {
+  if (work.done()) return true;
+  if (!config_.callers_drive) {
+    wake();  // the submission skipped it
+    return false;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + config_.caller_spin;
+  drivers_waiting_.fetch_add(1);
+  // Asleep in poll() with the baton: wake it so that it hands over.
+  if (engine_sleeping_.load() && !handed_over_.load()) {
+    uint64_t one = 1;
+    if (::write(wake_fd_, &one, sizeof(one)) < 0) {
+    }
+  }
+  std::unique_lock<std::mutex> baton(baton_, std::defer_lock);
+  while (!baton.try_lock()) {
+    if (work.done() || std::chrono::steady_clock::now() >= deadline) {
+      drivers_waiting_.fetch_sub(1);
+      wake();  // our submission skipped the wake-up; the background thread takes it
+      return work.done();
+    }
+    sched_yield();
+  }
+  drivers_waiting_.fetch_sub(1);
+  driving_.store(true);
+  const int64_t drive_start = steadyNs();
+  std::vector<pollfd> fds;
+  std::vector<FrameSocket*> owners;
+  bool running = true;
+  while (running && !work.done()) {
+    running = cycle(false);
+    if (!running || work.done()) break;
+    watchList(fds, owners);
+    if (!awaitInput(fds, owners, work, deadline)) break;
+  }
+  // What is left for the background thread: ops waiting for peers, bytes a
+  // full socket did not take, a stop or failure to act on.
+  bool needs_engine = !running || !pending_.empty();
+  for (auto& w : workers_)
+    if (w) needs_engine = needs_engine || w->wantsWrite();
+  if (to_coordinator_) needs_engine = needs_engine || to_coordinator_->wantsWrite();
+  const int64_t drive_end = steadyNs();
+  last_drive_end_ns_.store(drive_end);
+  driving_.store(false);
+  baton.unlock();
+  // After a long drive the background thread sleeps long (see handOver).
+  const auto drove = std::chrono::nanoseconds(drive_end - drive_start);
+  if (needs_engine || drove > config_.engine_spin) {
+    uint64_t one = 1;
+    if (::write(wake_fd_, &one, sizeof(one)) < 0) {
+    }
+  }
+  if (!work.done()) return false;
+  driven_ops_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void Engine::watchList(std::vector<pollfd>& fds, std::vector<FrameSocket*>& owners) const {
+  fds.clear();
+  owners.clear();
+  fds.push_back({wake_fd_, POLLIN, 0});
+  owners.push_back(nullptr);
+  for (const auto& w : workers_) {
+    if (!w) continue;
+    fds.push_back({w->fd(), static_cast<short>(POLLIN | (w->wantsWrite() ? POLLOUT : 0)), 0});
+    owners.push_back(w.get());
+  }
+  if (to_coordinator_) {
+    fds.push_back({to_coordinator_->fd(),
+                   static_cast<short>(POLLIN | (to_coordinator_->wantsWrite() ? POLLOUT : 0)), 0});
+    owners.push_back(to_coordinator_.get());
+  }
+}
+
 void Engine::loop() {
+  std::unique_lock<std::mutex> baton(baton_);
   std::vector<pollfd> fds;
   std::vector<FrameSocket*> owners;
   while (true) {
-    fds.clear();
-    owners.clear();
-    fds.push_back({wake_fd_, POLLIN, 0});
-    owners.push_back(nullptr);
-    for (const auto& w : workers_) {
-      if (!w) continue;
-      fds.push_back({w->fd(), static_cast<short>(POLLIN | (w->wantsWrite() ? POLLOUT : 0)), 0});
-      owners.push_back(w.get());
-    }
-    if (to_coordinator_) {
-      fds.push_back({to_coordinator_->fd(),
-                     static_cast<short>(POLLIN | (to_coordinator_->wantsWrite() ? POLLOUT : 0)), 0});
-      owners.push_back(to_coordinator_.get());
-    }
+    watchList(fds, owners);
     // Rank 0 wakes once a second while ops wait for other ranks, to check
     // for stalls; otherwise the loop sleeps until something happens.
     const bool watch = coordinator_ && config_.stall_check && coordinator_->hasWaiting();
-    if (!waitForEvents(fds, owners, watch ? 1000 : -1)) {
+    if (!waitForEvents(fds, owners, watch ? 1000 : -1, baton)) {
       fail(Status::peerFailure(std::string("poll failed: ") + std::strerror(errno)));
       return;
     }
-    // Cleared before the queue is taken (takeSubmissions): a submission
-    // after this point writes again, one before it is in the queue taken.
-    wake_posted_.store(false);
     uint64_t drained;
     if (fds[0].revents != 0 && ::read(wake_fd_, &drained, sizeof(drained)) < 0) {
     }
-    bool stop;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop = stopping_;
-    }
-    if (stop) {
-      if (to_coordinator_) {
-        Writer w;
-        w.put<uint8_t>(kBye);
-        try {
-          to_coordinator_->send(w.buffer());
-          to_coordinator_->flushBlocking(std::chrono::milliseconds(1000));
-        } catch (const std::exception&) {
-        }
-      }
-      fail(Status::shutdown("hvd_torch was shut down before this operation completed"));
-      return;
-    }
-    try {
-      for (auto& w : workers_)
-        if (w) w->flush();
-      if (to_coordinator_) to_coordinator_->flush();
-      takeSubmissions();
-      if (coordinator_) {
-        readWorkers();
-        checkStalls();
-      } else {
-        readCoordinator();
-      }
-    } catch (const InternalError& e) {
-      fail(Status::internal(e.what()));
-    } catch (const std::exception& e) {
-      fail(Status::peerFailure(e.what()));
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_.ok()) return;
+    if (!cycle(true)) return;
   }
+}
+
+bool Engine::cycle(bool background_thread) {
+  // Cleared before the queue is taken (takeSubmissions): a submission
+  // after this point writes again, one before it is in the queue taken.
+  wake_posted_.store(false);
+  bool stop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.ok()) return false;
+    stop = stopping_;
+  }
+  if (stop) {
+    if (!background_thread) return false;  // shutting down is the background thread's, once
+    if (to_coordinator_) {
+      Writer w;
+      w.put<uint8_t>(kBye);
+      try {
+        to_coordinator_->send(w.buffer());
+        to_coordinator_->flushBlocking(std::chrono::milliseconds(1000));
+      } catch (const std::exception&) {
+      }
+    }
+    fail(Status::shutdown("hvd_torch was shut down before this operation completed"));
+    return false;
+  }
+  try {
+    for (auto& w : workers_)
+      if (w) w->flush();
+    if (to_coordinator_) to_coordinator_->flush();
+    takeSubmissions();
+    if (coordinator_) {
+      readWorkers();
+      checkStalls();
+    } else {
+      readCoordinator();
+    }
+  } catch (const InternalError& e) {
+    fail(Status::internal(e.what()));
+  } catch (const std::exception& e) {
+    fail(Status::peerFailure(e.what()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_.ok();
 }
 
 std::string Engine::encodeArrivals(const std::vector<Arrival>& arrivals) const {
@@ -544,7 +689,8 @@ void Engine::takeSubmissions() {
     const bool cacheable = config_.cache_capacity > 0 && e.request.type != OpType::kJoin &&
                            e.request.type != OpType::kAddProcessSet &&
                            e.request.type != OpType::kRemoveProcessSet;
-    a.cache_id = cacheable ? rank_cache_.lookup(RankCache::key(e.request)) : -1;
+    if (cacheable) e.cache_key = RankCache::key(e.request);
+    a.cache_id = cacheable ? rank_cache_.lookup(e.cache_key) : -1;
     if (e.request.type == OpType::kJoin) joined_ = true;
     a.request = e.request;
     // A host-staged input is being copied from the GPU: every read below and
@@ -887,7 +1033,8 @@ void Engine::run(const Response& response) {
     Entry* e = entries[i];
     if (status.ok() && i < response.cache_ids.size() && response.cache_ids[i] >= 0 &&
         config_.cache_capacity > 0) {
-      rank_cache_.remember(RankCache::key(e->request), response.cache_ids[i]);
+      rank_cache_.remember(e->cache_key.empty() ? RankCache::key(e->request) : e->cache_key,
+                           response.cache_ids[i]);
     }
     inline_in_flight_ -= e->inline_traffic;
     // Our references to the tensors go first: a caller woken by complete()

@@ -9,9 +9,11 @@
 // (local submissions) and those sockets, so a lone op never waits for a timer.
 // Protocol and costs: docs/architecture.md.
 //
-// Threading: enqueue(), topology() and backendName() may be called from any
-// thread. shutdown() from any one thread, once. Everything else runs on the
-// background thread.
+// Threading: enqueue(), drive(), topology() and backendName() may be called
+// from any thread. shutdown() from any one thread, once. Everything else runs
+// on whichever thread holds the baton: the background thread, or a caller
+// that drives while it waits for its op (drive(); docs/architecture.md,
+// "Callers drive").
 #pragma once
 
 #include <poll.h>
@@ -71,6 +73,13 @@ class Engine {
   // the last): wake() or a later enqueue starts it.
   std::shared_ptr<Work> enqueue(Entry entry, bool wake = true);
   void wake();
+  // Runs the background thread's work on this thread until `work` completes
+  // or config().caller_spin passes, sparing the two thread hand-offs per op.
+  // Returns false when it did not complete it (driving is off, the engine is
+  // busy or stopped): the caller then waits on `work` as before.
+  bool drive(const Work& work);
+  // Ops whose waiting caller completed them in drive() (diagnostics, tests).
+  uint64_t drivenOps() const { return driven_ops_.load(); }
 
   const Topology& topology() const { return topology_; }
   const char* backendName() const { return backend_ ? backend_->name() : "local"; }
@@ -100,9 +109,21 @@ class Engine {
   bool inputWaiting() const;
   // owners[i]: the socket of fds[i] (null for the eventfd).
   bool waitForEvents(std::vector<pollfd>& fds, const std::vector<FrameSocket*>& owners,
-                     int timeout_ms);
+                     int timeout_ms, std::unique_lock<std::mutex>& baton);
   void checkStalls();
   void loop();
+  // One round of the background work, on whichever thread holds the baton.
+  // False once the engine stopped (shutdown or failure).
+  bool cycle(bool background_thread);
+  // The descriptors the background thread sleeps on.
+  void watchList(std::vector<pollfd>& fds, std::vector<FrameSocket*>& owners) const;
+  // Background thread: lets waiting drivers run until they have been gone
+  // for engine_spin, or something only it can handle arrives.
+  void handOver(std::unique_lock<std::mutex>& baton, const std::vector<pollfd>& fds);
+  // Driver: waits for input without sleeping; false at the deadline or once
+  // `work` completed.
+  bool awaitInput(std::vector<pollfd>& fds, const std::vector<FrameSocket*>& owners,
+                  const Work& work, std::chrono::steady_clock::time_point deadline);
   void takeSubmissions();
   void readWorkers();
   void readCoordinator();
@@ -145,7 +166,7 @@ class Engine {
     DevicePlane device_plane;
     std::unique_ptr<Executor> device_executor;
   };
-  std::unordered_map<int32_t, SetRuntime> runtimes_;  // background thread only
+  std::unordered_map<int32_t, SetRuntime> runtimes_;  // the baton holder only
 
   // Submission queue: the only state shared with user threads.
   mutable std::mutex mu_;
@@ -164,8 +185,15 @@ class Engine {
   // submission write the eventfd (the spinning thread reads wake_posted_).
   std::atomic<bool> engine_sleeping_{false};
   std::thread thread_;
+  // Held by whoever runs the background work (see drive()).
+  std::mutex baton_;
+  std::atomic<int> drivers_waiting_{0};
+  std::atomic<bool> handed_over_{false};  // the background thread let drivers run
+  std::atomic<bool> driving_{false};      // a driver holds the baton
+  std::atomic<uint64_t> driven_ops_{0};
+  std::atomic<int64_t> last_drive_end_ns_{0};  // steady clock
 
-  // Background thread state.
+  // State of whoever holds the baton (the background thread or a driver).
   std::unordered_map<std::string, Entry> pending_;  // by tableKey(process set, name)
   size_t inline_in_flight_ = 0;  // inline traffic of pending_ (see takeSubmissions)
   RankCache rank_cache_;

@@ -39,10 +39,8 @@ void Request::encode(Writer& w) const {
   w.put<double>(prescale);
   w.put<double>(postscale);
   w.putString(name);
-  w.put<uint32_t>(static_cast<uint32_t>(shape.size()));
-  for (int64_t d : shape) w.put<int64_t>(d);
-  w.put<uint32_t>(static_cast<uint32_t>(splits.size()));
-  for (int64_t d : splits) w.put<int64_t>(d);
+  w.putInt64s(shape);
+  w.putInt64s(splits);
   w.putString(group);
   w.put<int32_t>(group_size);
   w.put<int32_t>(device);
@@ -59,11 +57,8 @@ Request Request::decode(Reader& r) {
   q.prescale = r.get<double>();
   q.postscale = r.get<double>();
   q.name = r.getString();
-  uint32_t dims = r.getCount(sizeof(int64_t));
-  q.shape.resize(dims);
-  for (auto& d : q.shape) d = r.get<int64_t>();
-  q.splits.resize(r.getCount(sizeof(int64_t)));
-  for (auto& d : q.splits) d = r.get<int64_t>();
+  q.shape = r.getInt64s();
+  q.splits = r.getInt64s();
   q.group = r.getString();
   q.group_size = r.get<int32_t>();
   q.device = r.get<int32_t>();

@@ -80,6 +80,7 @@ EngineConfig EngineConfig::fromEnvironment() {
   const long spin = (cores == 0 || local_size <= cores) ? 100 : 0;
   c.engine_spin = std::chrono::microseconds(envInt("HVD_TORCH_ENGINE_SPIN_US", spin));
   c.caller_spin = std::chrono::microseconds(envInt("HVD_TORCH_CALLER_SPIN_US", spin));
+  c.callers_drive = envInt("HVD_TORCH_CALLERS_DRIVE", 1) != 0 && c.caller_spin.count() > 0;
   return c;
 }
 

@@ -63,6 +63,9 @@ struct EngineConfig {
   std::chrono::seconds stall_shutdown{900};            // HOROVOD_STALL_SHUTDOWN_TIME_SECONDS
   std::chrono::microseconds engine_spin{100};  // HVD_TORCH_ENGINE_SPIN_US
   std::chrono::microseconds caller_spin{100};  // HVD_TORCH_CALLER_SPIN_US
+  // A thread waiting for an op runs the engine's work itself while it spins
+  // (Engine::drive); needs caller_spin > 0.
+  bool callers_drive = true;  // HVD_TORCH_CALLERS_DRIVE
 
   static EngineConfig fromEnvironment();
 };

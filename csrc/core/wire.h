@@ -31,6 +31,11 @@ class Writer {
     put<uint32_t>(static_cast<uint32_t>(n));
     append(data, n);
   }
+  // A u32 count, then the values in one copy (member shapes run to thousands).
+  void putInt64s(const std::vector<int64_t>& values) {
+    put<uint32_t>(static_cast<uint32_t>(values.size()));
+    append(values.data(), values.size() * sizeof(int64_t));
+  }
   void append(const void* data, size_t n) {
     const char* p = static_cast<const char*>(data);
     buf_.insert(buf_.end(), p, p + n);
@@ -62,6 +67,12 @@ class Reader {
   const char* getBytes(uint32_t* n) {
     *n = get<uint32_t>();
     return take(*n);
+  }
+  // What putInt64s wrote.
+  std::vector<int64_t> getInt64s() {
+    std::vector<int64_t> values(getCount(sizeof(int64_t)));
+    if (!values.empty()) std::memcpy(values.data(), take(values.size() * sizeof(int64_t)), values.size() * sizeof(int64_t));
+    return values;
   }
   bool done() const { return p_ == end_; }
   size_t remaining() const { return static_cast<size_t>(end_ - p_); }

@@ -9,6 +9,8 @@
 #include "../torch/adapter.h"
 #include "../torch/device_io.h"
 
+void registerEagerFastPath(pybind11::module& m);  // eager_fast_path.cpp
+
 namespace {
 
 using hvd::currentEngine;
@@ -47,6 +49,11 @@ void shutdown() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hvd_torch engine lifecycle and topology";
+  registerEagerFastPath(m);
+  m.def("driven_ops", [] {
+    auto engine = currentEngine();
+    return engine ? engine->drivenOps() : uint64_t{0};
+  }, "Ops this process's waiting callers ran themselves (Engine::drive).");
   m.def("init", &init, "Meets the other ranks and starts the engine.");
   m.def("shutdown", &shutdown, "Stops the engine; pending operations fail.");
   m.def("is_initialized", [] { return currentEngine() != nullptr; });

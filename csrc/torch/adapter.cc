@@ -21,6 +21,7 @@ std::mutex names_mu;
 std::unordered_map<int64_t, int64_t> name_counters;
 
 std::mutex handles_mu;
+thread_local bool t_waits_next = false;  // see SubmitThenWait
 std::unordered_map<int64_t, Pending> handles;
 int64_t next_handle = 1;
 
@@ -150,6 +151,13 @@ bool pollHandle(int64_t handle) {
 
 at::Tensor waitHandle(int64_t handle) { return waitHandle(handle, nullptr); }
 
+void bumpVersion(const at::Tensor& t) {
+  if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+}
+
+SubmitThenWait::SubmitThenWait() { t_waits_next = true; }
+SubmitThenWait::~SubmitThenWait() { t_waits_next = false; }
+
 std::tuple<at::Tensor, at::Tensor> waitAlltoall(int64_t handle) {
   Pending p;
   at::Tensor out = waitHandle(handle, &p);
@@ -164,14 +172,17 @@ std::tuple<at::Tensor, at::Tensor> waitAlltoall(int64_t handle) {
 namespace {
 
 // Raises the op's error.
-void waitWork(Work& work, std::chrono::microseconds spin) {
+void waitWork(Engine* engine, Work& work, std::chrono::microseconds spin) {
   Status status;
   // A blocking wait must not hold the GIL: other Python threads (data
   // loaders, the elastic driver) keep running while we wait on peers.
+  // While it would spin anyway, this thread runs the engine's work itself.
   if (Py_IsInitialized() && PyGILState_Check()) {
     pybind11::gil_scoped_release no_gil;
+    if (engine) engine->drive(work);
     status = work.wait(spin);
   } else {
+    if (engine) engine->drive(work);
     status = work.wait(spin);
   }
   if (!status.ok()) throwStatus(status);
@@ -191,7 +202,7 @@ at::Tensor waitHandle(int64_t handle, Pending* finished) {
     p = std::move(it->second);
     handles.erase(it);
   }
-  waitWork(*p.work, spin);
+  waitWork(engine.get(), *p.work, spin);
   at::Tensor out = p.gathered ? *p.gathered : p.result;
   if (p.plane != Plane::kHost) {
     out = finishOutput(out, p.plane, p.device, p.work->deviceDone(), p.copy_back_to);
@@ -262,7 +273,7 @@ void bindRowsOutput(const EngineInput& in, Entry& e, Pending& p) {
 int64_t enqueue(Engine& engine, Entry e, Pending p, bool wake = true) {
   p.name = e.request.name;
   try {
-    p.work = engine.enqueue(std::move(e), wake);
+    p.work = engine.enqueue(std::move(e), wake && !t_waits_next);
   } catch (const DuplicateName& dup) {
     TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());
   }
@@ -426,9 +437,11 @@ struct Bundle {
   std::vector<Pending> members;  // each member's output, on `work`
 };
 
+// `caller_waits`: the caller holds `tensors` until the bundle completes, so
+// in-place members already contiguous need no handle and no reference.
 Bundle enqueueBundle(Engine& engine, const std::vector<at::Tensor>& tensors, bool in_place,
                      const std::string& group, int64_t op, double prescale, double postscale,
-                     int64_t process_set) {
+                     int64_t process_set, bool caller_waits) {
   const char* what = "grouped_allreduce";
   const DataType dtype = toDataType(tensors[0], what, group);
   checkReduction(what, group, dtype, op, prescale, postscale);
@@ -444,13 +457,22 @@ Bundle enqueueBundle(Engine& engine, const std::vector<at::Tensor>& tensors, boo
   members.reserve(tensors.size());
   e.parts.reserve(tensors.size());
   auto owned = std::make_shared<std::vector<at::Tensor>>();
-  owned->reserve(in_place ? tensors.size() : 2 * tensors.size());
+  owned->reserve(in_place ? (caller_waits ? 0 : tensors.size()) : 2 * tensors.size());
   // The member shapes as Request::memberShapes() reads them.
   std::vector<int64_t>& shapes = e.request.splits;
   shapes.push_back(static_cast<int64_t>(tensors.size()));
   int64_t total = 0;
+  shapes.reserve(1 + 3 * tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& tensor = tensors[i];
+    shapes.push_back(tensor.dim());
+    shapes.insert(shapes.end(), tensor.sizes().begin(), tensor.sizes().end());
+    if (in_place && caller_waits && tensor.is_contiguous()) {
+      void* data = tensor.data_ptr();
+      e.parts.push_back({data, data, static_cast<size_t>(tensor.numel())});
+      total += tensor.numel();
+      continue;
+    }
     const at::Tensor input = tensor.contiguous();
     const at::Tensor output = in_place ? input : hostOutput(input.sizes(), input.options());
     Pending p;
@@ -459,8 +481,6 @@ Bundle enqueueBundle(Engine& engine, const std::vector<at::Tensor>& tensors, boo
     e.parts.push_back({input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel())});
     owned->push_back(input);
     if (!in_place) owned->push_back(output);
-    shapes.push_back(tensor.dim());
-    shapes.insert(shapes.end(), tensor.sizes().begin(), tensor.sizes().end());
     total += input.numel();
     members.push_back(std::move(p));
   }
@@ -468,7 +488,7 @@ Bundle enqueueBundle(Engine& engine, const std::vector<at::Tensor>& tensors, boo
   e.keep_alive = owned;
   Bundle bundle;
   try {
-    bundle.work = engine.enqueue(std::move(e));
+    bundle.work = engine.enqueue(std::move(e), !t_waits_next);
   } catch (const DuplicateName& dup) {
     TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());
   }
@@ -520,7 +540,7 @@ std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>
       bundles(tensors)) {
     Bundle bundle = enqueueBundle(*engine, tensors, kind == GroupedKind::kAllreduceInPlace,
                                   opName(what, name, process_set), op, prescale, postscale,
-                                  process_set);
+                                  process_set, false);
     std::vector<int64_t> handles;
     for (Pending& p : bundle.members) handles.push_back(addHandle(std::move(p)));
     return handles;
@@ -558,10 +578,18 @@ c10::optional<std::vector<at::Tensor>> runBundle(const std::vector<at::Tensor>& 
                                                  int64_t process_set) {
   if (!bundles(tensors)) return c10::nullopt;
   auto engine = checkGroup(GroupedKind::kAllreduce, tensors, name, process_set);
-  Bundle bundle = enqueueBundle(*engine, tensors, in_place,
-                                opName("grouped_allreduce", name, process_set), op, prescale,
-                                postscale, process_set);
-  waitWork(*bundle.work, engine->config().caller_spin);
+  Bundle bundle = [&] {
+    SubmitThenWait drives;
+    return enqueueBundle(*engine, tensors, in_place,
+                         opName("grouped_allreduce", name, process_set), op, prescale,
+                         postscale, process_set, true);
+  }();
+  waitWork(engine.get(), *bundle.work, engine->config().caller_spin);
+  if (in_place) {  // members holds only the non-contiguous ones; the results are in `tensors`
+    for (Pending& p : bundle.members)
+      if (p.copy_back_to.defined()) p.copy_back_to.copy_(p.result);
+    return std::vector<at::Tensor>{};
+  }
   std::vector<at::Tensor> out;
   out.reserve(bundle.members.size());
   for (Pending& p : bundle.members) {

@@ -49,6 +49,24 @@ int64_t addHandle(Pending pending);
 bool pollHandle(int64_t handle);
 // Waits (without holding the GIL), removes the handle, raises the op's error.
 at::Tensor waitHandle(int64_t handle);
+// Held by a blocking kernel around its submission: the thread drives the
+// engine right after, while it waits (Engine::drive), so the submission
+// skips waking the background thread.
+struct SubmitThenWait {
+  SubmitThenWait();
+  ~SubmitThenWait();
+};
+// An in-place op writes `t`: bump its version counter, as torch's in-place
+// ops do (the dispatcher does not for a custom op), so that autograd refuses
+// a saved tensor we overwrote instead of computing a wrong gradient.
+void bumpVersion(const at::Tensor& t);
+// The blocking allreduce kernels (kernels.cpp), for the eager fast path.
+at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std::string& name,
+                             int64_t op, double prescale, double postscale, int64_t process_set);
+std::vector<at::Tensor> groupedAllreduceBlocking(const std::vector<at::Tensor>& tensors,
+                                                 bool in_place, const std::string& name,
+                                                 int64_t op, double prescale, double postscale,
+                                                 int64_t process_set);
 // As waitHandle, also returning the Pending record (e.g. to read first dims).
 at::Tensor waitHandle(int64_t handle, Pending* finished);
 void clearHandles();
@@ -81,7 +99,8 @@ std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>
                                  const std::string& name, int64_t op, double prescale,
                                  double postscale, int64_t process_set);
 // A grouped allreduce of CPU tensors of one dtype runs as one op (a bundle);
-// this runs it and waits, without handles. nullopt: the group does not bundle.
+// this runs it and waits, without handles (in place: returns no tensors, the
+// results are in `tensors`). nullopt: the group does not bundle.
 c10::optional<std::vector<at::Tensor>> runBundle(const std::vector<at::Tensor>& tensors,
                                                  bool in_place, const std::string& name,
                                                  int64_t op, double prescale, double postscale,

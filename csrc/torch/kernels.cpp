@@ -9,14 +9,22 @@ namespace hvd {
 namespace torch_layer {
 namespace {
 
+// A blocking form: this thread drives the engine while it waits, so its
+// submission does not wake the background thread.
+template <class Submit>
+int64_t submitToWait(Submit submit) {
+  SubmitThenWait drives;
+  return submit();
+}
+
 at::Tensor allreduce(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
                      double post, int64_t ps) {
-  return waitHandle(submitAllreduce(t, false, std::string(name), op, pre, post, ps));
+  return allreduceBlocking(t, false, std::string(name), op, pre, post, ps);
 }
 
 void allreduceInPlace(at::Tensor& t, c10::string_view name, int64_t op, double pre, double post,
                       int64_t ps) {
-  waitHandle(submitAllreduce(t, true, std::string(name), op, pre, post, ps));
+  allreduceBlocking(t, true, std::string(name), op, pre, post, ps);
 }
 
 int64_t allreduceAsync(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
@@ -26,11 +34,13 @@ int64_t allreduceAsync(const at::Tensor& t, c10::string_view name, int64_t op, d
 
 int64_t allreduceAsyncInPlace(at::Tensor& t, c10::string_view name, int64_t op, double pre,
                               double post, int64_t ps) {
-  return submitAllreduce(t, true, std::string(name), op, pre, post, ps);
+  const int64_t handle = submitAllreduce(t, true, std::string(name), op, pre, post, ps);
+  bumpVersion(t);
+  return handle;
 }
 
 at::Tensor allgather(const at::Tensor& t, c10::string_view name, int64_t ps) {
-  return waitHandle(submitAllgather(t, std::string(name), ps));
+  return waitHandle(submitToWait([&] { return submitAllgather(t, std::string(name), ps); }));
 }
 
 int64_t allgatherAsync(const at::Tensor& t, c10::string_view name, int64_t ps) {
@@ -38,11 +48,13 @@ int64_t allgatherAsync(const at::Tensor& t, c10::string_view name, int64_t ps) {
 }
 
 at::Tensor broadcast(const at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
-  return waitHandle(submitBroadcast(t, false, root, std::string(name), ps));
+  return waitHandle(
+      submitToWait([&] { return submitBroadcast(t, false, root, std::string(name), ps); }));
 }
 
 void broadcastInPlace(at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
-  waitHandle(submitBroadcast(t, true, root, std::string(name), ps));
+  waitHandle(submitToWait([&] { return submitBroadcast(t, true, root, std::string(name), ps); }));
+  bumpVersion(t);
 }
 
 int64_t broadcastAsync(const at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
@@ -50,13 +62,16 @@ int64_t broadcastAsync(const at::Tensor& t, int64_t root, c10::string_view name,
 }
 
 int64_t broadcastAsyncInPlace(at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
-  return submitBroadcast(t, true, root, std::string(name), ps);
+  const int64_t handle = submitBroadcast(t, true, root, std::string(name), ps);
+  bumpVersion(t);
+  return handle;
 }
 
 std::tuple<at::Tensor, at::Tensor> alltoall(const at::Tensor& t,
                                             const c10::optional<at::Tensor>& splits,
                                             c10::string_view name, int64_t ps) {
-  return waitAlltoall(submitAlltoall(t, splits, std::string(name), ps));
+  return waitAlltoall(
+      submitToWait([&] { return submitAlltoall(t, splits, std::string(name), ps); }));
 }
 
 int64_t alltoallAsync(const at::Tensor& t, const c10::optional<at::Tensor>& splits,
@@ -70,7 +85,8 @@ std::tuple<at::Tensor, at::Tensor> synchronizeAlltoall(int64_t handle) {
 
 at::Tensor reducescatter(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
                          double post, int64_t ps) {
-  return waitHandle(submitReducescatter(t, std::string(name), op, pre, post, ps));
+  return waitHandle(submitToWait(
+      [&] { return submitReducescatter(t, std::string(name), op, pre, post, ps); }));
 }
 
 int64_t reducescatterAsync(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
@@ -96,16 +112,12 @@ std::vector<at::Tensor> waitAll(const std::vector<int64_t>& handles) {
 
 std::vector<at::Tensor> groupedAllreduce(at::TensorList ts, c10::string_view name, int64_t op,
                                          double pre, double post, int64_t ps) {
-  if (auto out = runBundle(ts.vec(), false, std::string(name), op, pre, post, ps)) return *out;
-  return waitAll(submitGroup(GroupedKind::kAllreduce, ts.vec(), std::string(name), op, pre, post,
-                             ps));
+  return groupedAllreduceBlocking(ts.vec(), false, std::string(name), op, pre, post, ps);
 }
 
 void groupedAllreduceInPlace(at::TensorList ts, c10::string_view name, int64_t op, double pre,
                              double post, int64_t ps) {
-  if (runBundle(ts.vec(), true, std::string(name), op, pre, post, ps)) return;
-  waitAll(submitGroup(GroupedKind::kAllreduceInPlace, ts.vec(), std::string(name), op, pre, post,
-                      ps));
+  groupedAllreduceBlocking(ts.vec(), true, std::string(name), op, pre, post, ps);
 }
 
 std::vector<int64_t> groupedAllreduceAsync(at::TensorList ts, c10::string_view name, int64_t op,
@@ -116,8 +128,10 @@ std::vector<int64_t> groupedAllreduceAsync(at::TensorList ts, c10::string_view n
 std::vector<int64_t> groupedAllreduceAsyncInPlace(at::TensorList ts, c10::string_view name,
                                                   int64_t op, double pre, double post,
                                                   int64_t ps) {
-  return submitGroup(GroupedKind::kAllreduceInPlace, ts.vec(), std::string(name), op, pre, post,
-                     ps);
+  auto handles = submitGroup(GroupedKind::kAllreduceInPlace, ts.vec(), std::string(name), op, pre,
+                             post, ps);
+  for (const auto& t : ts) bumpVersion(t);
+  return handles;
 }
 
 std::vector<at::Tensor> groupedAllgather(at::TensorList ts, c10::string_view name, int64_t ps) {
@@ -140,7 +154,9 @@ std::vector<int64_t> groupedReducescatterAsync(at::TensorList ts, c10::string_vi
   return submitGroup(GroupedKind::kReducescatter, ts.vec(), std::string(name), op, pre, post, ps);
 }
 
-at::Tensor barrier(int64_t ps) { return waitHandle(submitBarrier(ps)); }
+at::Tensor barrier(int64_t ps) {
+  return waitHandle(submitToWait([&] { return submitBarrier(ps); }));
+}
 
 at::Tensor join(int64_t device) {
   TORCH_CHECK(device == -1 || device >= 0, "hvd_torch.join: device ", device, " is not valid");
@@ -177,6 +193,29 @@ void registerTensorKernels(torch::Library& m) {
 }
 
 }  // namespace
+
+at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std::string& name,
+                             int64_t op, double prescale, double postscale, int64_t process_set) {
+  at::Tensor out = waitHandle(submitToWait([&] {
+    return submitAllreduce(tensor, in_place, name, op, prescale, postscale, process_set);
+  }));
+  if (in_place) bumpVersion(tensor);
+  return out;
+}
+
+std::vector<at::Tensor> groupedAllreduceBlocking(const std::vector<at::Tensor>& tensors,
+                                                 bool in_place, const std::string& name,
+                                                 int64_t op, double prescale, double postscale,
+                                                 int64_t process_set) {
+  auto out = runBundle(tensors, in_place, name, op, prescale, postscale, process_set);
+  if (!out) {
+    out = waitAll(submitGroup(in_place ? GroupedKind::kAllreduceInPlace : GroupedKind::kAllreduce,
+                              tensors, name, op, prescale, postscale, process_set));
+  }
+  if (in_place)
+    for (const auto& t : tensors) bumpVersion(t);
+  return std::move(*out);
+}
 
 TORCH_LIBRARY_IMPL(hvd_torch, CPU, m) { registerTensorKernels(m); }
 

@@ -1,0 +1,116 @@
+"""Eager blocking allreduces of plain CPU tensors skip the dispatcher
+(csrc/python/eager_fast_path.cpp): the fast path is taken exactly where the dispatcher
+would add nothing but a version bump, gives the same results, version counters and
+errors as the torch op, and every other case (autograd, subclasses, tracing, dispatch
+and torch-function modes, inference mode, conjugate views) goes through the torch op
+with its usual behaviour. 1 and 2 ranks."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dist_harness import run_ranks  # noqa: E402
+
+
+def _which_path_and_results():
+    import hvd_torch as hvd
+    from hvd_torch import _C
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    res = {}
+    args = ("probe", 1, 1.0, 1.0, 0)
+
+    def taken(t):
+        return _C.eager_allreduce_(t.clone() if not t.requires_grad else t, *args)
+
+    class Sub(torch.Tensor):
+        pass
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            return func(*a, **(kw or {}))
+
+    res["plain"] = taken(torch.ones(2))
+    res["int"] = taken(torch.ones(2, dtype=torch.int64))
+    res["needs_grad"] = taken(torch.ones(2, requires_grad=True))
+    res["subclass"] = _C.eager_allreduce_(torch.ones(2).as_subclass(Sub), *args)
+    res["conj"] = _C.eager_allreduce_(torch.ones(2, dtype=torch.complex64).conj(), *args)
+    with Passthrough():
+        res["dispatch_mode"] = _C.eager_allreduce_(torch.ones(2), *args)
+    with torch.inference_mode():
+        res["inference"] = _C.eager_allreduce_(torch.ones(2), *args)
+    res["functional_subclass"] = _C.eager_allreduce(torch.ones(2).as_subclass(Sub), *args)
+    res["grouped_mixed"] = _C.eager_grouped_allreduce_(
+        [torch.ones(1), torch.ones(1, requires_grad=True)], *args)
+    res["grouped_plain"] = _C.eager_grouped_allreduce_([torch.ones(1), torch.ones(2)], *args)
+
+    # Same results and version counters as the torch op.
+    x = torch.full((3,), float(r + 1))
+    v0 = x._version
+    hvd.allreduce_(x, name="ip", op=hvd.Sum)
+    res["inplace"] = (x.tolist(), x._version - v0)
+    y = torch.full((3,), float(r + 1))
+    torch.ops.hvd_torch.allreduce_(y, "ip.op", 1)
+    res["inplace_op_version"] = y._version - v0
+    ts = [torch.full((k + 1,), float(r + 1)) for k in range(3)]
+    versions = [t._version for t in ts]
+    hvd.grouped_allreduce_(ts, name="g", op=hvd.Sum)
+    res["grouped"] = ([t.tolist() for t in ts], [t._version - v for t, v in zip(ts, versions)])
+    res["functional"] = hvd.allreduce(torch.full((2,), float(r + 1)), name="f").tolist()
+    res["grouped_functional"] = [t.tolist() for t in hvd.grouped_allreduce(
+        [torch.ones(1) * (r + 1), torch.ones(2) * (r + 1)], name="gf", op=hvd.Sum)]
+    # Cases that fall back still compute, through the torch op.
+    sub = torch.full((2,), float(r + 1)).as_subclass(Sub)
+    hvd.allreduce_(sub, name="sub", op=hvd.Sum)
+    res["subclass_result"] = (type(sub).__name__, sub.tolist())
+    with Passthrough():
+        res["mode_result"] = hvd.allreduce(torch.full((2,), float(r + 1)), name="m",
+                                           op=hvd.Sum).tolist()
+    w = torch.full((2,), float(r + 1), requires_grad=True)
+    out = hvd.allreduce(w, name="grad", op=hvd.Sum)
+    out.sum().backward()
+    res["grad"] = (out.requires_grad, w.grad.tolist())
+    traced = torch.jit.trace(lambda t: hvd.allreduce(t, name="traced", op=hvd.Sum),
+                             torch.ones(2), check_trace=False)
+    res["traced_calls_op"] = "hvd_torch::allreduce" in str(traced.graph)
+
+    # A caller's mistake raises the same error either way.
+    errors = []
+    for call in (lambda: hvd.allreduce_(torch.ones(1), name="bad", op=2),
+                 lambda: torch.ops.hvd_torch.allreduce_(torch.ones(1), "bad", 2)):
+        try:
+            call()
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001 (the type is what we compare)
+            errors.append((type(e).__name__, str(e).split("\n")[0]))
+    res["errors"] = errors
+    hvd.shutdown()
+    return res
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_fast_path_is_taken_exactly_where_the_dispatcher_adds_nothing(nranks):
+    for rank, res in enumerate(run_ranks(_which_path_and_results, nranks, timeout=120)):
+        total = float(nranks * (nranks + 1) // 2)
+        assert res["plain"] is True and res["int"] is True, res
+        assert res["grouped_plain"] is True, res
+        for case in ("needs_grad", "subclass", "conj", "dispatch_mode", "inference",
+                     "grouped_mixed"):
+            assert res[case] is False, (case, res)
+        assert res["functional_subclass"] is None, res
+        assert res["inplace"] == ([total] * 3, 1), res
+        assert res["inplace_op_version"] == 1, res
+        assert res["grouped"] == ([[total] * (k + 1) for k in range(3)], [1, 1, 1]), res
+        assert res["functional"] == [total / nranks] * 2, res  # Average
+        assert res["grouped_functional"] == [[total], [total, total]], res
+        assert res["subclass_result"] == ("Sub", [total, total]), res
+        assert res["mode_result"] == [total, total], res
+        assert res["grad"] == (True, [float(nranks)] * 2), res
+        assert res["traced_calls_op"], res
+        assert res["errors"][0] is not None and res["errors"][0] == res["errors"][1], res
+        assert res["errors"][0][0] == "ValueError", res
