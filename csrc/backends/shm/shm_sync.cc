@@ -1,5 +1,7 @@
 #include "shm_sync.h"
 
+#include "../../core/cpu_relax.h"
+
 #include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
@@ -35,14 +37,6 @@ void futexWait(ShmControl* c, uint32_t expected) {
 
 void futexWakeAll(ShmControl* c) {
   syscall(SYS_futex, futexWord(c), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-}
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 }  // namespace
