@@ -402,8 +402,11 @@ bool Engine::waitForEvents(std::vector<pollfd>& fds, const std::vector<FrameSock
     }
     handOver(baton, fds);
     for (auto& f : fds) f.revents = 0;
-    for (auto* o : owners)
-      if (o) o->noteReadable();  // a close may have come meanwhile
+    // A close may have come meanwhile. `owners` may be stale: a driver that
+    // failed cleared the sockets.
+    for (auto& w : workers_)
+      if (w) w->noteReadable();
+    if (to_coordinator_) to_coordinator_->noteReadable();
     return true;
   };
   const bool frames_on_sockets = rings_.empty() && topology_.size > 1;
@@ -458,12 +461,16 @@ void Engine::handOver(std::unique_lock<std::mutex>& baton, const std::vector<pol
   std::vector<pollfd> watch = fds;
   for (auto& f : watch) f.events = POLLIN;
   const int64_t window = std::chrono::duration_cast<std::chrono::nanoseconds>(config_.engine_spin).count();
-  engine_sleeping_.store(true);  // others' submissions write the eventfd
   handed_over_.store(true);
+  engine_sleeping_.store(true);  // others' submissions write the eventfd
   baton.unlock();
   while (true) {
-    // A driver in a long op is not disturbed: it rings when it ends.
-    const int64_t left = driving_.load() ? 1000000 : last_drive_end_ns_.load() + window - steadyNs();
+    // A driver in a long op (longer than the window) is not disturbed: it
+    // rings when it ends.
+    const int64_t now = steadyNs();
+    const int64_t left = !driving_.load()                             ? last_drive_end_ns_.load() + window - now
+                         : now - drive_start_ns_.load() < window ? window
+                                                                 : 1000000;
     timespec ts{0, std::max<int64_t>(left, 20000)};
     const int r = ::ppoll(watch.data(), watch.size(), &ts, nullptr);
     uint64_t drained;
@@ -533,8 +540,9 @@ bool Engine::drive(const Work& work) {
     sched_yield();
   }
   drivers_waiting_.fetch_sub(1);
-  driving_.store(true);
   const int64_t drive_start = steadyNs();
+  drive_start_ns_.store(drive_start);
+  driving_.store(true);
   std::vector<pollfd> fds;
   std::vector<FrameSocket*> owners;
   bool running = true;

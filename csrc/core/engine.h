@@ -191,7 +191,8 @@ class Engine {
   std::atomic<bool> handed_over_{false};  // the background thread let drivers run
   std::atomic<bool> driving_{false};      // a driver holds the baton
   std::atomic<uint64_t> driven_ops_{0};
-  std::atomic<int64_t> last_drive_end_ns_{0};  // steady clock
+  std::atomic<int64_t> drive_start_ns_{0};     // steady clock
+  std::atomic<int64_t> last_drive_end_ns_{0};
 
   // State of whoever holds the baton (the background thread or a driver).
   std::unordered_map<std::string, Entry> pending_;  // by tableKey(process set, name)
