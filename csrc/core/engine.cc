@@ -451,16 +451,25 @@ int64_t steadyNs() {
 }
 }  // namespace
 
+bool Engine::actsOnOthersFrames() const {
+  return coordinator_ != nullptr && !process_sets_.allContain(topology_.rank);
+}
+
 void Engine::handOver(std::unique_lock<std::mutex>& baton, const std::vector<pollfd>& fds) {
-  // While drivers come back faster than engine_spin (a loop of synchronous
-  // ops), they do all the work and this thread only watches: for the wake-up
-  // eventfd (another thread's submission) and the sockets (a doorbell, a
-  // peer's close), which it cannot read without the baton. Peers see our
-  // rings as read (no doorbells), so their frames wait at most engine_spin
-  // for a driver before this thread takes the baton back.
+  // While drivers come back (a loop of synchronous ops), they do all the
+  // work and this thread only watches: for the wake-up eventfd (another
+  // thread's submission, a driver that left work behind) and the sockets (a
+  // doorbell, a peer's close), which it cannot read without the baton. Peers
+  // see our rings as read (no doorbells). A frame needs reading while no op
+  // of ours is pending only on the coordinator of a process set it is not
+  // in: there it waits at most engine_spin for a driver before this thread
+  // takes the baton back. Elsewhere this thread wakes only when called (and
+  // once a second, for rank 0's stall check), so it never takes a busy core
+  // from the drivers.
   std::vector<pollfd> watch = fds;
   for (auto& f : watch) f.events = POLLIN;
   const int64_t window = std::chrono::duration_cast<std::chrono::nanoseconds>(config_.engine_spin).count();
+  const bool prompt = actsOnOthersFrames();
   handed_over_.store(true);
   engine_sleeping_.store(true);  // others' submissions write the eventfd
   baton.unlock();
@@ -468,10 +477,11 @@ void Engine::handOver(std::unique_lock<std::mutex>& baton, const std::vector<pol
     // A driver in a long op (longer than the window) is not disturbed: it
     // rings when it ends.
     const int64_t now = steadyNs();
-    const int64_t left = !driving_.load()                             ? last_drive_end_ns_.load() + window - now
-                         : now - drive_start_ns_.load() < window ? window
-                                                                 : 1000000;
-    timespec ts{0, std::max<int64_t>(left, 20000)};
+    const int64_t left = !prompt                                        ? 1000000000
+                         : !driving_.load()                             ? last_drive_end_ns_.load() + window - now
+                         : now - drive_start_ns_.load() < window        ? window
+                                                                        : 1000000;
+    timespec ts{left / 1000000000, std::max<int64_t>(left % 1000000000, left >= 1000000000 ? 0 : 20000)};
     const int r = ::ppoll(watch.data(), watch.size(), &ts, nullptr);
     uint64_t drained;
     if (r > 0 && watch[0].revents && ::read(wake_fd_, &drained, sizeof(drained)) < 0) {
@@ -564,7 +574,7 @@ bool Engine::drive(const Work& work) {
   baton.unlock();
   // After a long drive the background thread sleeps long (see handOver).
   const auto drove = std::chrono::nanoseconds(drive_end - drive_start);
-  if (needs_engine || drove > config_.engine_spin) {
+  if (needs_engine || (drove > config_.engine_spin && actsOnOthersFrames())) {
     uint64_t one = 1;
     if (::write(wake_fd_, &one, sizeof(one)) < 0) {
     }

@@ -120,6 +120,9 @@ class Engine {
   // Background thread: lets waiting drivers run until they have been gone
   // for engine_spin, or something only it can handle arrives.
   void handOver(std::unique_lock<std::mutex>& baton, const std::vector<pollfd>& fds);
+  // The coordinator of a process set it is not in: it must read frames even
+  // with no op of its own pending.
+  bool actsOnOthersFrames() const;
   // Driver: waits for input without sleeping; false at the deadline or once
   // `work` completed.
   bool awaitInput(std::vector<pollfd>& fds, const std::vector<FrameSocket*>& owners,

@@ -29,6 +29,13 @@ bool ProcessSetTable::find(int32_t id, std::vector<int>* ranks) const {
   return true;
 }
 
+bool ProcessSetTable::allContain(int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, ranks] : sets_)
+    if (!std::binary_search(ranks.begin(), ranks.end(), rank)) return false;
+  return true;
+}
+
 std::vector<int32_t> ProcessSetTable::ids() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int32_t> out;

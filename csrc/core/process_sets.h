@@ -23,6 +23,8 @@ class ProcessSetTable {
   void remove(int32_t id);
   // False when no set has this id.
   bool find(int32_t id, std::vector<int>* ranks) const;
+  // True when every registered set has `rank` as a member.
+  bool allContain(int rank) const;
   // Registered ids, ascending (for error messages).
   std::vector<int32_t> ids() const;
 
