@@ -79,6 +79,16 @@ def _which_path_and_results():
                              torch.ones(2), check_trace=False)
     res["traced_calls_op"] = "hvd_torch::allreduce" in str(traced.graph)
 
+    # The bump lets autograd refuse a saved tensor that the op overwrote.
+    w, x = torch.ones(2, requires_grad=True), torch.ones(2)
+    y = (w * x).sum()  # saves x for w's gradient
+    hvd.allreduce_(x, name="saved", op=hvd.Sum)
+    try:
+        y.backward()
+        res["saved_overwritten"] = "backward ran"
+    except RuntimeError as e:
+        res["saved_overwritten"] = "modified by an inplace operation" in str(e)
+
     # A caller's mistake raises the same error either way.
     errors = []
     for call in (lambda: hvd.allreduce_(torch.ones(1), name="bad", op=2),
@@ -112,5 +122,6 @@ def test_fast_path_is_taken_exactly_where_the_dispatcher_adds_nothing(nranks):
         assert res["mode_result"] == [total, total], res
         assert res["grad"] == (True, [float(nranks)] * 2), res
         assert res["traced_calls_op"], res
+        assert res["saved_overwritten"] is True, res
         assert res["errors"][0] is not None and res["errors"][0] == res["errors"][1], res
         assert res["errors"][0][0] == "ValueError", res
