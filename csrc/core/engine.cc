@@ -307,9 +307,7 @@ void Engine::shutdown() {
     if (stopping_) return;
     stopping_ = true;
   }
-  uint64_t one = 1;
-  if (::write(wake_fd_, &one, sizeof(one)) < 0) {
-  }
+  ringWakeFd();
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> baton(baton_);  // a driver may still be in a round
   timeline_.stop();  // after the thread: its last events are in the file
@@ -371,6 +369,10 @@ void Engine::wake() {
   // takes the queue after it does, this entry included.
   if (wake_posted_.exchange(true)) return;
   if (!engine_sleeping_.load()) return;  // it spins, and reads wake_posted_
+  ringWakeFd();
+}
+
+void Engine::ringWakeFd() {
   uint64_t one = 1;
   if (::write(wake_fd_, &one, sizeof(one)) < 0) {
   }
@@ -535,11 +537,7 @@ bool Engine::drive(const Work& work) {
   const auto deadline = std::chrono::steady_clock::now() + config_.caller_spin;
   drivers_waiting_.fetch_add(1);
   // Asleep in poll() with the baton: wake it so that it hands over.
-  if (engine_sleeping_.load() && !handed_over_.load()) {
-    uint64_t one = 1;
-    if (::write(wake_fd_, &one, sizeof(one)) < 0) {
-    }
-  }
+  if (engine_sleeping_.load() && !handed_over_.load()) ringWakeFd();
   std::unique_lock<std::mutex> baton(baton_, std::defer_lock);
   while (!baton.try_lock()) {
     if (work.done() || std::chrono::steady_clock::now() >= deadline) {
@@ -574,11 +572,7 @@ bool Engine::drive(const Work& work) {
   baton.unlock();
   // After a long drive the background thread sleeps long (see handOver).
   const auto drove = std::chrono::nanoseconds(drive_end - drive_start);
-  if (needs_engine || (drove > config_.engine_spin && actsOnOthersFrames())) {
-    uint64_t one = 1;
-    if (::write(wake_fd_, &one, sizeof(one)) < 0) {
-    }
-  }
+  if (needs_engine || (drove > config_.engine_spin && actsOnOthersFrames())) ringWakeFd();
   if (!work.done()) return false;
   driven_ops_.fetch_add(1, std::memory_order_relaxed);
   return true;

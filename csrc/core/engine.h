@@ -107,6 +107,8 @@ class Engine {
   // Rings that carry the control frames when every rank is on one host.
   void attachControlRings(const std::string& prefix);
   bool inputWaiting() const;
+  // Writes the eventfd the background thread sleeps on.
+  void ringWakeFd();
   // owners[i]: the socket of fds[i] (null for the eventfd).
   bool waitForEvents(std::vector<pollfd>& fds, const std::vector<FrameSocket*>& owners,
                      int timeout_ms, std::unique_lock<std::mutex>& baton);

@@ -71,7 +71,8 @@ class Reader {
   // What putInt64s wrote.
   std::vector<int64_t> getInt64s() {
     std::vector<int64_t> values(getCount(sizeof(int64_t)));
-    if (!values.empty()) std::memcpy(values.data(), take(values.size() * sizeof(int64_t)), values.size() * sizeof(int64_t));
+    const size_t bytes = values.size() * sizeof(int64_t);
+    if (bytes > 0) std::memcpy(values.data(), take(bytes), bytes);
     return values;
   }
   bool done() const { return p_ == end_; }

@@ -177,13 +177,15 @@ void waitWork(Engine* engine, Work& work, std::chrono::microseconds spin) {
   // A blocking wait must not hold the GIL: other Python threads (data
   // loaders, the elastic driver) keep running while we wait on peers.
   // While it would spin anyway, this thread runs the engine's work itself.
+  auto driveThenWait = [&] {
+    if (engine) engine->drive(work);
+    return work.wait(spin);
+  };
   if (Py_IsInitialized() && PyGILState_Check()) {
     pybind11::gil_scoped_release no_gil;
-    if (engine) engine->drive(work);
-    status = work.wait(spin);
+    status = driveThenWait();
   } else {
-    if (engine) engine->drive(work);
-    status = work.wait(spin);
+    status = driveThenWait();
   }
   if (!status.ok()) throwStatus(status);
 }
