@@ -41,10 +41,12 @@ def op_count(op, count, n):
 
 class Impl:
     """One library's form of an op. run(j) performs iteration j and returns the tensor
-    that must equal the case's expected result; barrier() lines the ranks up."""
+    that must equal the case's expected result; barrier() lines the ranks up. iters:
+    iterations per timed set when fewer than the case's (a form issuing many ops)."""
 
-    def __init__(self, key, lib, run, barrier):
+    def __init__(self, key, lib, run, barrier, iters=None):
         self.key, self.lib, self.run, self.barrier = key, lib, run, barrier
+        self.iters = iters
 
 
 class Case:
@@ -176,10 +178,12 @@ def mpi_impl(MPI, case):
 
 class ManyCase:
     """K tensors of S bytes per iteration, as views into one flat buffer of K x S bytes,
-    so the K-op and the flat forms reduce the same memory (allreduce, Sum)."""
+    so the K-op and the flat forms reduce the same memory (allreduce, Sum). The forms
+    issuing K ops run k_iters iterations a set (at most iters), the others iters."""
 
-    def __init__(self, torch, tensors, count, dtype, iters, rank, size):
+    def __init__(self, torch, tensors, count, dtype, iters, k_iters, rank, size):
         self.op, self.tensors, self.count, self.iters = "allreduce", tensors, count, iters
+        self.k_iters = min(k_iters, iters)
         flat = Case(torch, "allreduce", tensors * count, dtype, iters, rank, size)
         self.flat = flat
         self.input, self.expected, self.buffers, self.outputs = (
@@ -222,11 +226,11 @@ def many_impls(case, hvd, dist, MPI=None):
         return bufs[j]
 
     impls = [
-        Impl("hvd K", "hvd", hvd_k, hvd.barrier),
+        Impl("hvd K", "hvd", hvd_k, hvd.barrier, case.k_iters),
         Impl("hvd grouped", "hvd", hvd_grouped, hvd.barrier),
         Impl("hvd flat", "hvd", lambda j: hvd.allreduce_(bufs[j], name=tag, op=hvd.Sum),
              hvd.barrier),
-        Impl("torch K", "torch", torch_k, dist.barrier),
+        Impl("torch K", "torch", torch_k, dist.barrier, case.k_iters),
         Impl("torch flat", "torch", lambda j: dist.all_reduce(bufs[j]) or bufs[j], dist.barrier),
     ]  # fmt: skip
     if MPI is not None:
@@ -243,6 +247,6 @@ def many_impls(case, hvd, dist, MPI=None):
             comm.Allreduce(MPI.IN_PLACE, np_bufs[j], op=MPI.SUM)
             return bufs[j]
 
-        impls += [Impl("mpi K", "mpi", mpi_k, comm.Barrier),
+        impls += [Impl("mpi K", "mpi", mpi_k, comm.Barrier, case.k_iters),
                   Impl("mpi flat", "mpi", mpi_flat, comm.Barrier)]  # fmt: skip
     return impls

@@ -30,7 +30,8 @@ Iterations shrink with size (at most --iters, about 64 MiB per set, at least 3).
   torch/X = torch time / X's time, mpi/X likewise: above 1 means X is faster.
 
 The many-tensor section (--many KxS,...) times K async allreduces of S bytes then a
-wait for all, against one flat allreduce of K x S bytes, per library. The run ends
+wait for all, against one flat allreduce of K x S bytes, per library; the forms issuing
+K ops run fewer iterations a set (about 2000 ops), the others as many as a flat op. The run ends
 with issue #13's targets, each PASS or FAIL (the exit code stays 0), writes the JSON
 and, next to it, a PNG of busbw against size (when matplotlib is installed).
 """
@@ -287,14 +288,14 @@ def timed_set(case, impl, iters):
 def measure(case, impls, env, tag):
     """{impl key: [seconds per iteration of each set, the slowest rank's]}."""
     args, hvd, torch = env.args, env.hvd, env.torch
-    warmup = min(args.warmup, case.iters)
     for impl in impls:
-        if warmup:
+        if warmup := min(args.warmup, impl.iters or case.iters):
             timed_set(case, impl, warmup)
     times = [[] for _ in impls]
     for _ in range(args.reps):
         for i, impl in enumerate(impls):  # interleaved: noise lands on every library
-            times[i].append(timed_set(case, impl, case.iters) / case.iters)
+            iters = impl.iters or case.iters
+            times[i].append(timed_set(case, impl, iters) / iters)
     # Collectives finish together, but barriers don't: a set takes the slowest rank's time.
     slowest = hvd.allreduce(torch.tensor(times, dtype=torch.float64), name=tag, op=hvd.Max)
     return {impl.key: slowest[i].tolist() for i, impl in enumerate(impls)}
@@ -413,16 +414,19 @@ def run_many(env):
     for tensors, nbytes in env.args.many:
         fresh_engine(env.hvd)
         count = max(1, nbytes // env.itemsize)
-        iters = iterations(env.args, tensors * count * env.itemsize, tensors)
+        # K separate ops cost per op: their sets are bounded by ops, the others' by bytes.
+        iters = iterations(env.args, tensors * count * env.itemsize)
+        k_iters = iterations(env.args, tensors * count * env.itemsize, tensors)
         if skip := memory_shortfall(env, tensors * count * env.itemsize, iters):
             env.notes.append(f"many {tensors}x{count * env.itemsize} B {skip}")
             env.log(f"  {tensors:>6}x{report.fmt_bytes(count * env.itemsize):<5} {skip}")
             continue
-        case = collectives.ManyCase(env.torch, tensors, count, env.dtype, iters, env.rank,
-                                    env.size)  # fmt: skip
+        case = collectives.ManyCase(env.torch, tensors, count, env.dtype, iters, k_iters,
+                                    env.rank, env.size)  # fmt: skip
         impls = collectives.many_impls(case, env.hvd, env.dist, env.MPI)
         times = measure(case, impls, env, "bench.times.many")
         entry = {"tensors": tensors, "bytes": count * env.itemsize, "iters": iters,
+                 "k_iters": case.k_iters,
                  "results": {k: summarize(t, case.nbytes, factor) for k, t in times.items()}}
         entry["ratios"] = report.many_ratios(entry["results"])  # fmt: skip
         entries.append(entry)

@@ -93,3 +93,61 @@ def test_bundle(nranks, plane):
             assert torch.equal(res["joined"][0], torch.full((3,), joined))
             assert torch.equal(res["joined"][1], torch.full((50000,), joined))
         assert res["last"] in range(1, nranks)  # a rank that submitted the bundle joined last
+
+
+def _views_main():
+    """Members that are views of one buffer: adjacent ones travel as one span (the
+    executor merges them), reversed or gapped ones as several; all exact, gaps untouched."""
+    import hvd_torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    r = hvd.rank()
+    res = {}
+
+    def buffer():  # element k holds (r + 1) * (k % 13 + 1)
+        return (torch.arange(300000.0) % 13 + 1) * (r + 1)
+
+    # 70000-element members cross the shm slots: a merged span spans rounds.
+    buf = buffer()
+    members = list(buf[:280000].split(70000)) + list(buf[280000:].split(7))
+    refs = [sys.getrefcount(t) for t in members]
+    versions = [t._version for t in members]
+    hvd.grouped_allreduce_(members, name="v.adjacent", op=hvd.Sum)
+    res["adjacent"] = buf
+    res["refs_kept"] = [sys.getrefcount(t) for t in members] == refs
+    res["versions_bumped"] = all(t._version > v for t, v in zip(members, versions))
+    buf = buffer()
+    hvd.grouped_allreduce_(list(reversed(buf.split(1000))), name="v.reversed", op=hvd.Sum)
+    res["reversed"] = buf
+    buf = buffer()
+    gapped = [buf[k * 1000:k * 1000 + 600] for k in range(300)]  # 400 untouched after each
+    hvd.grouped_allreduce_(gapped, name="v.gapped", op=hvd.Sum)
+    res["gapped"] = buf
+    buf = buffer()
+    outs = hvd.grouped_allreduce(list(buf.split(50000)), name="v.functional", op=hvd.Sum)
+    res["functional"] = (buf, torch.cat(outs))
+    buf = buffer()  # separate ops on adjacent views, fused by the engine
+    handles = [hvd.allreduce_async_(v, name=f"v.fused.{i}", op=hvd.Sum)
+               for i, v in enumerate(buf.split(3000))]
+    for h in handles:
+        hvd.synchronize(h)
+    res["fused"] = buf
+    return res
+
+
+@pytest.mark.parametrize("nranks,plane", [(2, "shm"), (3, "shm"), (2, "gloo")])
+def test_members_viewing_one_buffer(nranks, plane):
+    env = {"HVD_TORCH_SHM": "0"} if plane == "gloo" else None
+    results = run_ranks(_views_main, nranks, timeout=120, env=env)
+    pattern = torch.arange(300000.0) % 13 + 1
+    total = pattern * sum(q + 1 for q in range(nranks))
+    for rank, res in enumerate(results):
+        for key in ("adjacent", "reversed", "fused"):
+            assert torch.equal(res[key], total), (rank, key)
+        assert res["refs_kept"] and res["versions_bumped"], rank
+        inside = (torch.arange(300000) % 1000) < 600
+        want = torch.where(inside, total, pattern * (rank + 1))
+        assert torch.equal(res["gapped"], want), rank
+        buf, out = res["functional"]
+        assert torch.equal(buf, pattern * (rank + 1)) and torch.equal(out, total), rank

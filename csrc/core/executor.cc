@@ -63,15 +63,32 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
 
 namespace {
 
+// Appends `s`, or extends the last span when `s` continues it in both its
+// input and its output (members that are views of one buffer): fewer, longer
+// copies.
+void appendSpan(std::vector<Backend::Span>& spans, const Backend::Span& s, size_t elem) {
+  if (!spans.empty()) {
+    Backend::Span& last = spans.back();
+    const size_t bytes = last.count * elem;
+    if (static_cast<const char*>(last.in) + bytes == s.in &&
+        static_cast<char*>(last.out) + bytes == s.out) {
+      last.count += s.count;
+      return;
+    }
+  }
+  spans.push_back(s);
+}
+
 // Every buffer of the entries, in order: a bundle's members, else the entry's.
-std::vector<Backend::Span> spansOf(const std::vector<Entry*>& entries) {
+std::vector<Backend::Span> spansOf(const std::vector<Entry*>& entries, size_t elem) {
   std::vector<Backend::Span> spans;
   spans.reserve(entries.size());
   for (Entry* e : entries) {
     if (!e->parts.empty()) {
-      spans.insert(spans.end(), e->parts.begin(), e->parts.end());
+      for (const Backend::Span& part : e->parts) appendSpan(spans, part, elem);
     } else {
-      spans.push_back({e->input, e->output, static_cast<size_t>(e->request.numElements())});
+      appendSpan(spans, {e->input, e->output, static_cast<size_t>(e->request.numElements())},
+                 elem);
     }
   }
   return spans;
@@ -152,7 +169,7 @@ void Executor::alltoall(const Response& response, Entry& e) {
 void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
   const Request& q = entries[0]->request;
   const size_t elem = dataTypeSize(q.dtype);
-  const std::vector<Backend::Span> spans = spansOf(entries);
+  const std::vector<Backend::Span> spans = spansOf(entries, elem);
   size_t total = 0;
   for (const auto& s : spans) total += s.count;
   const ReduceOp op = q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op;
@@ -231,7 +248,7 @@ void Executor::allgatherFused(const Response& response, const std::vector<Entry*
   char* out = in + counts[rank_] * elem;
   {
     TimelineSpan copy_in(timeline_, rows_, "MEMCPY_IN_FUSION_BUFFER");
-    packInputs(spansOf(entries), elem, in);
+    packInputs(spansOf(entries, elem), elem, in);
   }
   backend_->allgatherv(in, out, counts, dtype);
   TimelineSpan copy_out(timeline_, rows_, "MEMCPY_OUT_FUSION_BUFFER");
@@ -252,7 +269,7 @@ void Executor::allgatherFused(const Response& response, const std::vector<Entry*
 void Executor::broadcastFused(const std::vector<Entry*>& entries) {
   const Request& q = entries[0]->request;
   const size_t elem = dataTypeSize(q.dtype);
-  const std::vector<Backend::Span> spans = spansOf(entries);
+  const std::vector<Backend::Span> spans = spansOf(entries, elem);
   size_t total = 0;  // elements
   for (const auto& s : spans) total += s.count;
   if (total == 0) return;

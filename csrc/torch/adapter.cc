@@ -426,7 +426,7 @@ namespace {
 // name to negotiate, one entry and one completion for the whole group instead
 // of one per member, which is most of a small tensor's cost. Each member
 // keeps its own handle (and output), all on the bundle's work.
-bool bundles(const std::vector<at::Tensor>& tensors) {
+bool bundles(at::TensorList tensors) {
   if (tensors.size() < 2) return false;
   for (const auto& t : tensors) {
     if (!t.device().is_cpu() || t.scalar_type() != tensors[0].scalar_type()) return false;
@@ -441,7 +441,7 @@ struct Bundle {
 
 // `caller_waits`: the caller holds `tensors` until the bundle completes, so
 // in-place members already contiguous need no handle and no reference.
-Bundle enqueueBundle(Engine& engine, const std::vector<at::Tensor>& tensors, bool in_place,
+Bundle enqueueBundle(Engine& engine, at::TensorList tensors, bool in_place,
                      const std::string& group, int64_t op, double prescale, double postscale,
                      int64_t process_set, bool caller_waits) {
   const char* what = "grouped_allreduce";
@@ -507,7 +507,7 @@ const char* groupedWhat(GroupedKind kind) {
 
 // Checks every member before submitting any: a half-submitted group would
 // wait forever for its missing members.
-std::shared_ptr<Engine> checkGroup(GroupedKind kind, const std::vector<at::Tensor>& tensors,
+std::shared_ptr<Engine> checkGroup(GroupedKind kind, at::TensorList tensors,
                                    const std::string& name, int64_t process_set) {
   const char* what = groupedWhat(kind);
   TORCH_CHECK_VALUE(!tensors.empty(), "hvd_torch.", what, ": the group has no tensors");
@@ -533,7 +533,7 @@ std::shared_ptr<Engine> checkGroup(GroupedKind kind, const std::vector<at::Tenso
 
 }  // namespace
 
-std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>& tensors,
+std::vector<int64_t> submitGroup(GroupedKind kind, at::TensorList tensors,
                                  const std::string& name, int64_t op, double prescale,
                                  double postscale, int64_t process_set) {
   const char* what = groupedWhat(kind);
@@ -574,7 +574,7 @@ std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>
   return handles;
 }
 
-c10::optional<std::vector<at::Tensor>> runBundle(const std::vector<at::Tensor>& tensors,
+c10::optional<std::vector<at::Tensor>> runBundle(at::TensorList tensors,
                                                  bool in_place, const std::string& name,
                                                  int64_t op, double prescale, double postscale,
                                                  int64_t process_set) {

@@ -63,7 +63,7 @@ void bumpVersion(const at::Tensor& t);
 // The blocking allreduce kernels (kernels.cpp), for the eager fast path.
 at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std::string& name,
                              int64_t op, double prescale, double postscale, int64_t process_set);
-std::vector<at::Tensor> groupedAllreduceBlocking(const std::vector<at::Tensor>& tensors,
+std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors,
                                                  bool in_place, const std::string& name,
                                                  int64_t op, double prescale, double postscale,
                                                  int64_t process_set);
@@ -95,13 +95,13 @@ int64_t submitReducescatter(const at::Tensor& tensor, const std::string& name, i
 // Grouped submission: member i is named "<name>.<i>" (or gets an unnamed op's
 // name); returns one handle per member.
 enum class GroupedKind { kAllreduce, kAllreduceInPlace, kAllgather, kReducescatter };
-std::vector<int64_t> submitGroup(GroupedKind kind, const std::vector<at::Tensor>& tensors,
+std::vector<int64_t> submitGroup(GroupedKind kind, at::TensorList tensors,
                                  const std::string& name, int64_t op, double prescale,
                                  double postscale, int64_t process_set);
 // A grouped allreduce of CPU tensors of one dtype runs as one op (a bundle);
 // this runs it and waits, without handles (in place: returns no tensors, the
 // results are in `tensors`). nullopt: the group does not bundle.
-c10::optional<std::vector<at::Tensor>> runBundle(const std::vector<at::Tensor>& tensors,
+c10::optional<std::vector<at::Tensor>> runBundle(at::TensorList tensors,
                                                  bool in_place, const std::string& name,
                                                  int64_t op, double prescale, double postscale,
                                                  int64_t process_set);

@@ -112,46 +112,46 @@ std::vector<at::Tensor> waitAll(const std::vector<int64_t>& handles) {
 
 std::vector<at::Tensor> groupedAllreduce(at::TensorList ts, c10::string_view name, int64_t op,
                                          double pre, double post, int64_t ps) {
-  return groupedAllreduceBlocking(ts.vec(), false, std::string(name), op, pre, post, ps);
+  return groupedAllreduceBlocking(ts, false, std::string(name), op, pre, post, ps);
 }
 
 void groupedAllreduceInPlace(at::TensorList ts, c10::string_view name, int64_t op, double pre,
                              double post, int64_t ps) {
-  groupedAllreduceBlocking(ts.vec(), true, std::string(name), op, pre, post, ps);
+  groupedAllreduceBlocking(ts, true, std::string(name), op, pre, post, ps);
 }
 
 std::vector<int64_t> groupedAllreduceAsync(at::TensorList ts, c10::string_view name, int64_t op,
                                            double pre, double post, int64_t ps) {
-  return submitGroup(GroupedKind::kAllreduce, ts.vec(), std::string(name), op, pre, post, ps);
+  return submitGroup(GroupedKind::kAllreduce, ts, std::string(name), op, pre, post, ps);
 }
 
 std::vector<int64_t> groupedAllreduceAsyncInPlace(at::TensorList ts, c10::string_view name,
                                                   int64_t op, double pre, double post,
                                                   int64_t ps) {
-  auto handles = submitGroup(GroupedKind::kAllreduceInPlace, ts.vec(), std::string(name), op, pre,
+  auto handles = submitGroup(GroupedKind::kAllreduceInPlace, ts, std::string(name), op, pre,
                              post, ps);
   for (const auto& t : ts) bumpVersion(t);
   return handles;
 }
 
 std::vector<at::Tensor> groupedAllgather(at::TensorList ts, c10::string_view name, int64_t ps) {
-  return waitAll(submitGroup(GroupedKind::kAllgather, ts.vec(), std::string(name), 0, 1.0, 1.0,
+  return waitAll(submitGroup(GroupedKind::kAllgather, ts, std::string(name), 0, 1.0, 1.0,
                              ps));
 }
 
 std::vector<int64_t> groupedAllgatherAsync(at::TensorList ts, c10::string_view name, int64_t ps) {
-  return submitGroup(GroupedKind::kAllgather, ts.vec(), std::string(name), 0, 1.0, 1.0, ps);
+  return submitGroup(GroupedKind::kAllgather, ts, std::string(name), 0, 1.0, 1.0, ps);
 }
 
 std::vector<at::Tensor> groupedReducescatter(at::TensorList ts, c10::string_view name,
                                              int64_t op, double pre, double post, int64_t ps) {
-  return waitAll(submitGroup(GroupedKind::kReducescatter, ts.vec(), std::string(name), op, pre,
+  return waitAll(submitGroup(GroupedKind::kReducescatter, ts, std::string(name), op, pre,
                              post, ps));
 }
 
 std::vector<int64_t> groupedReducescatterAsync(at::TensorList ts, c10::string_view name,
                                                int64_t op, double pre, double post, int64_t ps) {
-  return submitGroup(GroupedKind::kReducescatter, ts.vec(), std::string(name), op, pre, post, ps);
+  return submitGroup(GroupedKind::kReducescatter, ts, std::string(name), op, pre, post, ps);
 }
 
 at::Tensor barrier(int64_t ps) {
@@ -203,7 +203,7 @@ at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std:
   return out;
 }
 
-std::vector<at::Tensor> groupedAllreduceBlocking(const std::vector<at::Tensor>& tensors,
+std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors,
                                                  bool in_place, const std::string& name,
                                                  int64_t op, double prescale, double postscale,
                                                  int64_t process_set) {
