@@ -113,19 +113,26 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                                 float(prescale_factor), float(postscale_factor), _ps(process_set))
 
 
-@_translate_errors
+# allreduce and allreduce_ are the hottest calls: they translate errors inline,
+# without _translate_errors' extra frame and argument packing (about 1 us of a
+# 4-byte allreduce's 5), and skip _resolve_op when `op` is given.
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces `tensor` over all ranks (Average by default) into a new tensor.
 
     Differentiable: the gradient is the same allreduce of the gradient.
     """
+    if op is None or average is not None:
+        op = _resolve_op(average, op)
     compressed, ctx = compression.compress(tensor)
-    args = (name or "", _resolve_op(average, op), float(prescale_factor),
-            float(postscale_factor), _ps(process_set))
-    out = None if _is_compiling() else _eager_allreduce(compressed, *args)
-    if out is None:
-        out = _ops.allreduce(compressed, *args)
+    args = (name or "", op, float(prescale_factor), float(postscale_factor),
+            process_set._id())
+    try:
+        out = None if _is_compiling() else _eager_allreduce(compressed, *args)
+        if out is None:
+            out = _ops.allreduce(compressed, *args)
+    except DistNetworkError as e:
+        raise HorovodInternalError(str(e)) from None
     return compression.decompress(out, ctx)
 
 
@@ -137,14 +144,17 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                                  float(prescale_factor), float(postscale_factor), _ps(process_set))
 
 
-@_translate_errors
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce; returns `tensor`."""
-    args = (name or "", _resolve_op(average, op), float(prescale_factor),
-            float(postscale_factor), _ps(process_set))
-    if _is_compiling() or not _eager_allreduce_(tensor, *args):
-        _ops.allreduce_(tensor, *args)
+    if op is None or average is not None:
+        op = _resolve_op(average, op)
+    args = (name or "", op, float(prescale_factor), float(postscale_factor), process_set._id())
+    try:
+        if _is_compiling() or not _eager_allreduce_(tensor, *args):
+            _ops.allreduce_(tensor, *args)
+    except DistNetworkError as e:
+        raise HorovodInternalError(str(e)) from None
     return tensor
 
 
