@@ -114,8 +114,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 
 # allreduce and allreduce_ are the hottest calls: they translate errors inline,
-# without _translate_errors' extra frame and argument packing (about 1 us of a
-# 4-byte allreduce's 5), and skip _resolve_op when `op` is given.
+# without _translate_errors' extra frame and argument packing (0.6 us of a
+# 4-byte allreduce's 4-5 us), and skip _resolve_op when `op` is given.
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces `tensor` over all ranks (Average by default) into a new tensor.
