@@ -470,7 +470,7 @@ void Engine::handOver(std::unique_lock<std::mutex>& baton, const std::vector<pol
   // from the drivers.
   std::vector<pollfd> watch = fds;
   for (auto& f : watch) f.events = POLLIN;
-  const int64_t window = std::chrono::duration_cast<std::chrono::nanoseconds>(config_.engine_spin).count();
+  const int64_t window = std::chrono::nanoseconds(config_.engine_spin).count();
   const bool prompt = actsOnOthersFrames();
   handed_over_.store(true);
   engine_sleeping_.store(true);  // others' submissions write the eventfd
@@ -479,11 +479,14 @@ void Engine::handOver(std::unique_lock<std::mutex>& baton, const std::vector<pol
     // A driver in a long op (longer than the window) is not disturbed: it
     // rings when it ends.
     const int64_t now = steadyNs();
-    const int64_t left = !prompt                                        ? 1000000000
-                         : !driving_.load()                             ? last_drive_end_ns_.load() + window - now
-                         : now - drive_start_ns_.load() < window        ? window
-                                                                        : 1000000;
-    timespec ts{left / 1000000000, std::max<int64_t>(left % 1000000000, left >= 1000000000 ? 0 : 20000)};
+    int64_t left = 1000000000;  // until called (1 s at most: rank 0's stall check)
+    if (prompt && !driving_.load()) {
+      left = last_drive_end_ns_.load() + window - now;
+    } else if (prompt) {
+      left = now - drive_start_ns_.load() < window ? window : 1000000;
+    }
+    left = std::max<int64_t>(left, 20000);  // never a busy loop
+    timespec ts{left / 1000000000, left % 1000000000};
     const int r = ::ppoll(watch.data(), watch.size(), &ts, nullptr);
     uint64_t drained;
     if (r > 0 && watch[0].revents && ::read(wake_fd_, &drained, sizeof(drained)) < 0) {

@@ -63,9 +63,9 @@ void bumpVersion(const at::Tensor& t);
 // The blocking allreduce kernels (kernels.cpp), for the eager fast path.
 at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std::string& name,
                              int64_t op, double prescale, double postscale, int64_t process_set);
-std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors,
-                                                 bool in_place, const std::string& name,
-                                                 int64_t op, double prescale, double postscale,
+std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in_place,
+                                                 const std::string& name, int64_t op,
+                                                 double prescale, double postscale,
                                                  int64_t process_set);
 // As waitHandle, also returning the Pending record (e.g. to read first dims).
 at::Tensor waitHandle(int64_t handle, Pending* finished);

@@ -135,8 +135,7 @@ std::vector<int64_t> groupedAllreduceAsyncInPlace(at::TensorList ts, c10::string
 }
 
 std::vector<at::Tensor> groupedAllgather(at::TensorList ts, c10::string_view name, int64_t ps) {
-  return waitAll(submitGroup(GroupedKind::kAllgather, ts, std::string(name), 0, 1.0, 1.0,
-                             ps));
+  return waitAll(submitGroup(GroupedKind::kAllgather, ts, std::string(name), 0, 1.0, 1.0, ps));
 }
 
 std::vector<int64_t> groupedAllgatherAsync(at::TensorList ts, c10::string_view name, int64_t ps) {
@@ -203,9 +202,9 @@ at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std:
   return out;
 }
 
-std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors,
-                                                 bool in_place, const std::string& name,
-                                                 int64_t op, double prescale, double postscale,
+std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in_place,
+                                                 const std::string& name, int64_t op,
+                                                 double prescale, double postscale,
                                                  int64_t process_set) {
   auto out = runBundle(tensors, in_place, name, op, prescale, postscale, process_set);
   if (!out) {
