@@ -90,9 +90,10 @@ def _mismatches(hvd):
             torch.ones(1, dtype=torch.int32 if other == 0 else torch.int64), name="bad.gdtype"
         ),
     )
-    # The response cache must not skip validation: "cached" has two cache slots
-    # (shapes [2] and [3]); then rank 0 names one slot and the others the other,
-    # and "cached" is asked for with a shape only rank 0 has cached.
+    # The response cache must not skip validation. Each rank caches one slot
+    # per name, its latest ("cached" of shape [3]): rank 0 then asks with a
+    # shape it had cached before (a miss: the full request) while the others
+    # name the slot, and then with a shape nobody has cached.
     for n in (2, 3, 2, 3):
         hvd.allreduce(torch.ones(n), name="cached", op=hvd.Sum)
     check(

@@ -81,15 +81,18 @@ std::string Coordinator::add(Arrival arrival) {
     }
   }
   const std::string name = arrival.request.name;
+  // The set's members are copied once per op, with its first arrival.
+  const std::string key = tableKey(arrival.request.process_set, name);
+  auto found = table_.find(key);
   std::vector<int> members;
-  if (!sets_.find(arrival.request.process_set, &members) ||
-      indexIn(members, arrival.rank) < 0) {
+  if (found == table_.end() ? !sets_.find(arrival.request.process_set, &members) ||
+                                  indexIn(members, arrival.rank) < 0
+                            : indexIn(found->second.members, arrival.rank) < 0) {
     return "rank " + std::to_string(arrival.rank) + " submitted '" + name +
            "' on process set " + std::to_string(arrival.request.process_set) +
            ", which does not exist or does not contain it";
   }
-  const std::string key = tableKey(arrival.request.process_set, name);
-  Pending& p = table_[key];
+  Pending& p = found == table_.end() ? table_[key] : found->second;
   if (p.count == 0) {
     p.name = name;
     p.process_set = arrival.request.process_set;
@@ -190,9 +193,13 @@ ReadyOp Coordinator::negotiate(const std::string& key, Pending& p) {
   std::vector<Request> reqs;
   std::vector<int> ranks;  // who submitted (the set's members but the joined ranks)
   std::vector<Arrival> arrivals;
+  reqs.reserve(p.members.size());
+  ranks.reserve(p.members.size());
+  arrivals.reserve(p.members.size());
   for (int rank : p.members) {
     if (!p.arrived[rank]) continue;
-    reqs.push_back(p.by_rank[rank].request);
+    // Moved, not copied: from here on an arrival's request is read from reqs.
+    reqs.push_back(std::move(p.by_rank[rank].request));
     ranks.push_back(rank);
     arrivals.push_back(std::move(p.by_rank[rank]));
   }

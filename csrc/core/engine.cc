@@ -685,15 +685,18 @@ std::string Engine::encodeArrivals(const std::vector<Arrival>& arrivals) const {
 }
 
 void Engine::takeSubmissions() {
-  std::deque<Entry> fresh;
+  // Swapped with the queue: both keep their capacity, so a steady stream of
+  // submissions allocates nothing here.
+  std::vector<Entry>& fresh = taken_;
   {
     std::lock_guard<std::mutex> lock(mu_);
     fresh.swap(queue_);
   }
   if (fresh.empty()) return;
   std::vector<Arrival> arrivals;
+  arrivals.reserve(fresh.size());
   for (Entry& e : fresh) {
-    const std::string name = e.request.name;
+    const std::string& name = e.request.name;
     const std::string key = tableKey(e.request.process_set, name);
     auto set = runtimes_.find(e.request.process_set);
     if (set == runtimes_.end()) {
@@ -716,10 +719,10 @@ void Engine::takeSubmissions() {
     const bool cacheable = config_.cache_capacity > 0 && e.request.type != OpType::kJoin &&
                            e.request.type != OpType::kAddProcessSet &&
                            e.request.type != OpType::kRemoveProcessSet;
-    if (cacheable) e.cache_key = RankCache::key(e.request);
-    a.cache_id = cacheable ? rank_cache_.lookup(e.cache_key) : -1;
+    a.cache_id = cacheable ? rank_cache_.lookup(key, e.request) : -1;
     if (e.request.type == OpType::kJoin) joined_ = true;
-    a.request = e.request;
+    // A worker sends a cached op's slot alone; rank 0's coordinator names it.
+    if (a.cache_id < 0 || coordinator_) a.request = e.request;
     // A host-staged input is being copied from the GPU: every read below and
     // in the executor needs it complete.
     if (e.ready && e.request.plane != Plane::kDevice) {
@@ -753,6 +756,7 @@ void Engine::takeSubmissions() {
     arrivals.push_back(std::move(a));
     pending_.emplace(key, std::move(e));
   }
+  fresh.clear();
   if (coordinator_) {
     for (auto& a : arrivals) arrive(std::move(a));
     dispatch(coordinator_->takeReady());
@@ -846,11 +850,13 @@ void Engine::readCoordinator() {
 
 void Engine::dispatch(std::vector<Response> responses) {
   if (responses.empty()) return;
-  Writer w;
-  w.put<uint8_t>(kResponses);
-  w.put<uint32_t>(static_cast<uint32_t>(responses.size()));
-  for (const auto& r : responses) r.encode(w);
-  for (int rank = 1; rank < topology_.size; ++rank) workers_[rank]->send(w.buffer());
+  if (topology_.size > 1) {
+    Writer w;
+    w.put<uint8_t>(kResponses);
+    w.put<uint32_t>(static_cast<uint32_t>(responses.size()));
+    for (const auto& r : responses) r.encode(w);
+    for (int rank = 1; rank < topology_.size; ++rank) workers_[rank]->send(w.buffer());
+  }
   if (!timeline_.active()) {
     for (const auto& r : responses) run(r);
     return;
@@ -958,8 +964,9 @@ void Engine::run(const Response& response) {
                   << (response.names.empty() ? "" : response.names[0]) << "'";
   SetRuntime& rt = set->second;  // a reference stays valid if openProcessSet rehashes
   std::vector<Entry*> entries;
-  std::vector<Entry> phantoms;
-  phantoms.reserve(response.names.size());
+  entries.reserve(response.names.size());
+  std::vector<Entry> phantoms;  // reserved: entries points into it
+  if (joined_) phantoms.reserve(response.names.size());
   Executor* executor = nullptr;
   for (size_t i = 0; i < response.names.size(); ++i) {
     const std::string& name = response.names[i];
@@ -1058,10 +1065,10 @@ void Engine::run(const Response& response) {
   }
   for (size_t i = 0; i < entries.size(); ++i) {
     Entry* e = entries[i];
+    const std::string key = tableKey(response.process_set, response.names[i]);
     if (status.ok() && i < response.cache_ids.size() && response.cache_ids[i] >= 0 &&
         config_.cache_capacity > 0) {
-      rank_cache_.remember(e->cache_key.empty() ? RankCache::key(e->request) : e->cache_key,
-                           response.cache_ids[i]);
+      rank_cache_.remember(key, e->request, response.cache_ids[i]);
     }
     inline_in_flight_ -= e->inline_traffic;
     // Our references to the tensors go first: a caller woken by complete()
@@ -1069,7 +1076,7 @@ void Engine::run(const Response& response) {
     e->keep_alive.reset();
     e->allocate = nullptr;
     e->work->complete(status);
-    pending_.erase(tableKey(response.process_set, response.names[i]));
+    pending_.erase(key);
   }
 }
 
@@ -1135,7 +1142,7 @@ std::string Engine::diagnosePeerFailure() {
 
 void Engine::fail(const Status& status) {
   HVD_LOG(kDebug) << "rank " << topology_.rank << ": failing pending ops: " << status.message;
-  std::deque<Entry> queued;
+  std::vector<Entry> queued;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.ok() && (status.code == Status::kPeerFailure || status.code == Status::kInternal))

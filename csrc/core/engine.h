@@ -175,7 +175,7 @@ class Engine {
 
   // Submission queue: the only state shared with user threads.
   mutable std::mutex mu_;
-  std::deque<Entry> queue_;
+  std::vector<Entry> queue_;
   bool stopping_ = false;
   Status broken_;  // not ok once a peer failed: every later op fails with it
   // Names submitted and not yet completed, by tableKey(process set, name).
@@ -200,6 +200,7 @@ class Engine {
   std::atomic<int64_t> last_drive_end_ns_{0};
 
   // State of whoever holds the baton (the background thread or a driver).
+  std::vector<Entry> taken_;  // the queue, as takeSubmissions took it
   std::unordered_map<std::string, Entry> pending_;  // by tableKey(process set, name)
   size_t inline_in_flight_ = 0;  // inline traffic of pending_ (see takeSubmissions)
   RankCache rank_cache_;

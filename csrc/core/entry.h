@@ -28,8 +28,6 @@ struct Entry {
   // Plane::kDevice makes the device's stream wait.
   std::shared_ptr<DeviceEvent> ready;
   std::shared_ptr<Work> work;
-  // RankCache::key(request), made once at submission (a bundle's is long).
-  std::string cache_key;
   // Bytes this op sends through rank 0 on the inline path (0: not inline).
   size_t inline_traffic = 0;
   // Whatever owns input/output (tensors); released after completion.

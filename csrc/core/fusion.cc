@@ -23,6 +23,7 @@ bool sameGroup(const Request& a, const Request& b) {
 
 std::vector<Response> planFusion(std::vector<ReadyOp> ready, size_t threshold_bytes) {
   std::vector<Response> out;
+  out.reserve(ready.size());
   std::vector<bool> taken(ready.size(), false);
   for (size_t i = 0; i < ready.size(); ++i) {
     if (taken[i]) continue;

@@ -29,6 +29,12 @@ bool ProcessSetTable::find(int32_t id, std::vector<int>* ranks) const {
   return true;
 }
 
+bool ProcessSetTable::contains(int32_t id, int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sets_.find(id);
+  return it != sets_.end() && std::binary_search(it->second.begin(), it->second.end(), rank);
+}
+
 bool ProcessSetTable::allContain(int rank) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, ranks] : sets_)

@@ -23,6 +23,8 @@ class ProcessSetTable {
   void remove(int32_t id);
   // False when no set has this id.
   bool find(int32_t id, std::vector<int>* ranks) const;
+  // True when set `id` exists and has `rank` (copies nothing: once per op).
+  bool contains(int32_t id, int rank) const;
   // True when every registered set has `rank` as a member.
   bool allContain(int rank) const;
   // Registered ids, ascending (for error messages).

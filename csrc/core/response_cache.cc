@@ -13,15 +13,15 @@ const std::vector<Request>* CoordinatorCache::find(int32_t id) const {
   return &slots_[id];
 }
 
-std::string RankCache::key(const Request& request) {
-  Writer w;
-  request.encode(w);
-  return std::move(w.buffer());
+int32_t RankCache::lookup(const std::string& key, const Request& request) const {
+  auto it = slots_.find(key);
+  return it != slots_.end() && it->second.request == request ? it->second.id : -1;
 }
 
-int32_t RankCache::lookup(const std::string& key) const {
-  auto it = slots_.find(key);
-  return it == slots_.end() ? -1 : it->second;
+void RankCache::remember(const std::string& key, const Request& request, int32_t id) {
+  Slot& slot = slots_[key];
+  if (!(slot.request == request)) slot.request = request;
+  slot.id = id;
 }
 
 }  // namespace hvd

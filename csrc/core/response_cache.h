@@ -32,17 +32,23 @@ class CoordinatorCache {
   std::vector<std::vector<Request>> slots_;
 };
 
-// Rank side: this rank's encoded request -> slot id.
+// Rank side: one slot per name (by tableKey(process set, name)), as in
+// Horovod's cache. A name whose request changed (another shape, op or
+// scale) misses and is negotiated afresh; its new slot replaces the old one.
+// Comparing the request is cheaper than encoding it into a key per op.
 class RankCache {
  public:
-  static std::string key(const Request& request);
-  // -1 when not cached.
-  int32_t lookup(const std::string& key) const;
-  void remember(const std::string& key, int32_t id) { slots_[key] = id; }
+  // -1 when `request` is not the one cached under `key`.
+  int32_t lookup(const std::string& key, const Request& request) const;
+  void remember(const std::string& key, const Request& request, int32_t id);
   size_t size() const { return slots_.size(); }
 
  private:
-  std::unordered_map<std::string, int32_t> slots_;
+  struct Slot {
+    Request request;
+    int32_t id;
+  };
+  std::unordered_map<std::string, Slot> slots_;
 };
 
 }  // namespace hvd

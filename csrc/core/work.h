@@ -25,6 +25,7 @@ class Work {
   Status wait(std::chrono::microseconds spin = std::chrono::microseconds(0)) const {
     const auto spin_until = std::chrono::steady_clock::now() + spin;
     while (!done() && std::chrono::steady_clock::now() < spin_until) sched_yield();
+    if (done()) return status_;  // written before the flag's release store
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_; });
     return status_;

@@ -62,6 +62,13 @@ std::vector<int> requireMember(const Engine& engine, int64_t process_set, const 
   return ranks;
 }
 
+// requireMember for ops that need only the check, not the ranks.
+void checkMember(const Engine& engine, int64_t process_set, const char* op,
+                 const std::string& name) {
+  if (!engine.processSets().contains(static_cast<int32_t>(process_set), engine.topology().rank))
+    requireMember(engine, process_set, op, name);
+}
+
 Request baseRequest(OpType type, const at::Tensor& t, DataType dtype, const std::string& name,
                     int64_t process_set, const GroupTag* group = nullptr) {
   Request q;
@@ -304,7 +311,7 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::stri
                         const GroupTag* group) {
   auto engine = requireEngine("allreduce");
   const std::string name = opName("allreduce", user_name, process_set);
-  const std::vector<int> members = requireMember(*engine, process_set, "allreduce", name);
+  checkMember(*engine, process_set, "allreduce", name);
   DataType dtype = toDataType(tensor, "allreduce", name);
   checkReduction("allreduce", name, dtype, op, prescale, postscale);
   Entry e;
@@ -322,7 +329,7 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
                         int64_t process_set, const GroupTag* group) {
   auto engine = requireEngine("allgather");
   const std::string name = opName("allgather", user_name, process_set);
-  const std::vector<int> members = requireMember(*engine, process_set, "allgather", name);
+  checkMember(*engine, process_set, "allgather", name);
   DataType dtype = toDataType(tensor, "allgather", name);
   // A 0-d tensor gathers as one row per rank, like Horovod.
   const at::Tensor rows = tensor.dim() == 0 ? tensor.reshape({1}) : tensor;

@@ -381,16 +381,19 @@ TEST(corrupt_count_throws_wire_error_not_a_huge_allocation) {
   if (!CHECK_EQ(names, 0)) std::printf("  (Response names count: 1 = no error, 2 = bad_alloc)\n");
 }
 
-TEST(rank_cache_key_is_the_encoded_request) {
+TEST(rank_cache_holds_one_slot_per_name) {
   Request q = sampleRequest();
-  CHECK_EQ(RankCache::key(q), encode(q));
   RankCache cache;
-  CHECK_EQ(cache.lookup(RankCache::key(q)), -1);
-  cache.remember(RankCache::key(q), 9);
-  CHECK_EQ(cache.lookup(RankCache::key(q)), 9);
+  CHECK_EQ(cache.lookup("n", q), -1);
+  cache.remember("n", q, 9);
+  CHECK_EQ(cache.lookup("n", q), 9);
+  CHECK_EQ(cache.lookup("m", q), -1);
   Request other = q;
   other.shape[0] = 3;
-  CHECK_EQ(cache.lookup(RankCache::key(other)), -1);
+  CHECK_EQ(cache.lookup("n", other), -1);  // same name, another request: a miss
+  cache.remember("n", other, 11);          // its new slot replaces the old one
+  CHECK_EQ(cache.lookup("n", other), 11);
+  CHECK_EQ(cache.lookup("n", q), -1);
   CHECK_EQ(cache.size(), 1u);
 }
 
