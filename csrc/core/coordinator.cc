@@ -178,6 +178,13 @@ std::vector<Response> Coordinator::takeReady() {
     op.response.inline_result.clear();
     op.response.cache_ids = {-1};
   }
+  // A slot is given (or a name's slot given new requests) only to an op that
+  // succeeds: every rank then learns its meaning from the response.
+  for (auto& op : ops) {
+    if (op.slot_requests.empty() || op.response.kind == Response::kError) continue;
+    const std::string key = tableKey(op.request.process_set, op.request.name);
+    op.response.cache_ids = {cache_.insert(key, std::move(op.slot_requests))};
+  }
   std::vector<Response> out = planFusion(std::move(ops), fusion_threshold_);
   out.insert(out.begin(), failed_.begin(), failed_.end());
   failed_.clear();
@@ -240,10 +247,11 @@ ReadyOp Coordinator::negotiate(const std::string& key, Pending& p) {
   } else if (r.type == OpType::kAddProcessSet || r.type == OpType::kRemoveProcessSet) {
     r.cache_ids = {-1};  // one-off: not worth a slot
   } else {
-    // Slots hold every rank's request at its global rank (others left empty).
-    std::vector<Request> by_rank(size_);
-    for (size_t i = 0; i < reqs.size(); ++i) by_rank[ranks[i]] = reqs[i];
-    r.cache_ids = {cache_.insert(std::move(by_rank))};
+    // Slots hold every rank's request at its global rank (others left empty);
+    // takeReady caches them once the op cannot fail any more.
+    op.slot_requests.resize(size_);
+    for (size_t i = 0; i < reqs.size(); ++i) op.slot_requests[ranks[i]] = reqs[i];
+    r.cache_ids = {-1};
   }
 
   if (r.type == OpType::kAllgather) {

@@ -14,6 +14,9 @@ namespace hvd {
 struct ReadyOp {
   Response response;  // single-name response as negotiated
   Request request;    // a representative request (shape, dtype, scales)
+  // Negotiated in full: every rank's request (at its global rank), for the
+  // response cache once the op is known not to fail (a group's errors).
+  std::vector<Request> slot_requests;
 };
 
 // Keeps the first-ready order of the groups; ops that cannot fuse (errors,

@@ -2,10 +2,17 @@
 
 namespace hvd {
 
-int32_t CoordinatorCache::insert(std::vector<Request> per_rank) {
+int32_t CoordinatorCache::insert(const std::string& key, std::vector<Request> per_rank) {
+  auto it = by_key_.find(key);
+  if (it != by_key_.end()) {
+    slots_[it->second] = std::move(per_rank);
+    return it->second;
+  }
   if (slots_.size() >= capacity_) return -1;
   slots_.push_back(std::move(per_rank));
-  return static_cast<int32_t>(slots_.size() - 1);
+  const int32_t id = static_cast<int32_t>(slots_.size() - 1);
+  by_key_.emplace(key, id);
+  return id;
 }
 
 const std::vector<Request>* CoordinatorCache::find(int32_t id) const {

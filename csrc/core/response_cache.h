@@ -16,13 +16,19 @@
 
 namespace hvd {
 
-// Coordinator side: slot id -> the request of every rank.
+// Coordinator side: slot id -> the request of every rank, one slot per name
+// (`key`: tableKey(process set, name)). A name negotiated afresh (its request
+// changed) keeps its slot with the new requests: an op whose shape changes
+// every step (a variable-length allgather) does not use up the cache. This is
+// safe because a rank resolves a slot on arrival, and a rank names a slot
+// only with the request it last learnt for that name from a response.
 class CoordinatorCache {
  public:
   explicit CoordinatorCache(size_t capacity) : capacity_(capacity) {}
 
-  // Returns the new slot, or -1 when the cache is full.
-  int32_t insert(std::vector<Request> per_rank);
+  // Returns the name's slot (new, or its old one now holding `per_rank`),
+  // or -1 when the name has none and the cache is full.
+  int32_t insert(const std::string& key, std::vector<Request> per_rank);
   // nullptr when `id` was never assigned.
   const std::vector<Request>* find(int32_t id) const;
   size_t size() const { return slots_.size(); }
@@ -30,6 +36,7 @@ class CoordinatorCache {
  private:
   size_t capacity_;
   std::vector<std::vector<Request>> slots_;
+  std::unordered_map<std::string, int32_t> by_key_;
 };
 
 // Rank side: one slot per name (by tableKey(process set, name)), as in

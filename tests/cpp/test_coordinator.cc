@@ -444,6 +444,32 @@ TEST(cache_second_negotiation_by_slot_id_reuses_the_slot) {
   CHECK_EQ(c.cacheSize(), 1u);  // no new slot
 }
 
+TEST(cache_renegotiated_name_keeps_its_slot) {
+  // A variable-length allgather: every step another first dimension. The
+  // name keeps slot 0, which then holds the latest requests.
+  Coordinator c(2, kNoFusion, 1);
+  for (int64_t rows : {2, 5}) {
+    for (int r = 0; r < 2; ++r) {
+      Request mine = req("feat", {rows + r, 4}, DataType::kFloat32, OpType::kAllgather);
+      c.add(arrive(r, mine));
+    }
+    std::vector<Response> out = c.takeReady();
+    if (!CHECK_EQ(out.size(), 1u)) return;
+    CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{0}));
+    CHECK_EQ(out[0].first_dims, (std::vector<std::vector<int64_t>>{{rows, rows + 1}}));
+  }
+  CHECK_EQ(c.cacheSize(), 1u);
+  for (int r = 0; r < 2; ++r) CHECK_EQ(c.add(cached(r, 0)), "");
+  std::vector<Response> out = c.takeReady();
+  if (CHECK_EQ(out.size(), 1u))
+    CHECK_EQ(out[0].first_dims, (std::vector<std::vector<int64_t>>{{5, 6}}));
+  // The cache (capacity 1) is full, yet the name still has its slot, and
+  // another name gets none.
+  for (int r = 0; r < 2; ++r) c.add(arrive(r, req("other")));
+  out = c.takeReady();
+  if (CHECK_EQ(out.size(), 1u)) CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{-1}));
+}
+
 TEST(cache_slots_work_with_inline_data) {
   Coordinator c(2, kNoFusion, 16);
   Request q = req("loss", {1}, DataType::kFloat32, OpType::kAllreduce, ReduceOp::kAverage);
@@ -582,6 +608,39 @@ TEST(group_fails_as_a_unit_when_one_member_is_invalid) {
     CHECK(resp.error.find("group 'g1' failed") != std::string::npos);
     CHECK(resp.error.find("mismatched shapes") != std::string::npos);
   }
+}
+
+TEST(failed_group_leaves_its_members_slots_as_they_were) {
+  Coordinator c(2, kBigFusion, 16);
+  auto member = [](const char* name, int64_t n) {
+    Request q = req(name, {n});
+    q.group = "g";
+    q.group_size = 2;
+    return q;
+  };
+  for (int r = 0; r < 2; ++r) {
+    c.add(arrive(r, member("a", 4)));
+    c.add(arrive(r, member("b", 4)));
+  }
+  auto out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u) || !CHECK_EQ(out[0].cache_ids.size(), 2u)) return;
+  const int32_t slot_a = out[0].cache_ids[0];
+  // "a" agrees on a new shape, "b" does not: the group fails, and "a"'s slot
+  // must keep meaning shape 4, which every rank still caches.
+  for (int r = 0; r < 2; ++r) {
+    c.add(arrive(r, member("a", 8)));
+    c.add(arrive(r, member("b", r == 0 ? 8 : 9)));
+  }
+  out = c.takeReady();
+  for (const auto& resp : out) {
+    CHECK_EQ(resp.kind, Response::kError);
+    CHECK_EQ(resp.cache_ids, std::vector<int32_t>(resp.names.size(), -1));
+  }
+  CHECK_EQ(c.add(cached(0, slot_a)), "");
+  CHECK_EQ(c.add(arrive(1, member("a", 4))), "");
+  for (int r = 0; r < 2; ++r) c.add(arrive(r, member("b", 4)));
+  out = c.takeReady();
+  for (const auto& resp : out) CHECK_EQ(resp.kind, Response::kExecute);
 }
 
 namespace {

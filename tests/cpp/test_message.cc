@@ -400,15 +400,28 @@ TEST(rank_cache_holds_one_slot_per_name) {
 TEST(coordinator_cache_slots_are_dense_and_bounded) {
   CoordinatorCache cache(2);
   Request q = sampleRequest();
-  CHECK_EQ(cache.insert({q, q}), 0);
-  CHECK_EQ(cache.insert({q}), 1);
-  CHECK_EQ(cache.insert({q}), -1);  // full
+  CHECK_EQ(cache.insert("a", {q, q}), 0);
+  CHECK_EQ(cache.insert("b", {q}), 1);
+  CHECK_EQ(cache.insert("c", {q}), -1);  // full
   CHECK_EQ(cache.size(), 2u);
   if (CHECK(cache.find(0) != nullptr)) CHECK_EQ(cache.find(0)->size(), 2u);
   CHECK(cache.find(2) == nullptr);
   CHECK(cache.find(-1) == nullptr);
   CoordinatorCache off(0);
-  CHECK_EQ(off.insert({q}), -1);
+  CHECK_EQ(off.insert("a", {q}), -1);
+}
+
+TEST(coordinator_cache_keeps_one_slot_per_name) {
+  CoordinatorCache cache(2);
+  Request q = sampleRequest();
+  Request other = q;
+  other.shape[0] = 7;
+  CHECK_EQ(cache.insert("a", {q}), 0);
+  CHECK_EQ(cache.insert("a", {other, other}), 0);  // renegotiated: same slot, new requests
+  if (CHECK(cache.find(0) != nullptr)) CHECK_EQ(cache.find(0)->at(1).shape[0], 7);
+  CHECK_EQ(cache.size(), 1u);
+  CHECK_EQ(cache.insert("b", {q}), 1);
+  CHECK_EQ(cache.insert("a", {q}), 0);  // full, but "a" has its slot
 }
 
 int main() { return check::runAll(); }
