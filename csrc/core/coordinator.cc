@@ -194,29 +194,54 @@ std::vector<Response> Coordinator::takeReady() {
   return out;
 }
 
+namespace {
+
+bool reduces(OpType t) { return t == OpType::kAllreduce || t == OpType::kReducescatter; }
+
+}  // namespace
+
 ReadyOp Coordinator::negotiate(const std::string& key, Pending& p) {
   ReadyOp op;
   Response& r = op.response;
+  const Arrival& lead = p.by_rank[p.members[0]];
+  bool all_same_slot = true;  // every member arrived, naming one slot
+  bool all_inline = true;     // every rank that arrived sent its data
+  for (int rank : p.members) {
+    all_same_slot = all_same_slot && p.arrived[rank] && p.by_rank[rank].cache_id >= 0 &&
+                    p.by_rank[rank].cache_id == lead.cache_id;
+    all_inline = all_inline && (!p.arrived[rank] || p.by_rank[rank].has_inline);
+  }
+  const OpType type = p.by_rank[p.last_rank].request.type;
+  all_inline = all_inline && reduces(type);
+  if (all_same_slot && type != OpType::kAllgather && type != OpType::kAlltoall) {
+    // The steady state (a slot validated when it was made, and no per-rank
+    // values to collect): no copies of the requests.
+    op.request = std::move(p.by_rank[p.members[0]].request);
+    r.type = type;
+    r.process_set = op.request.process_set;
+    r.names.push_back(std::move(p.name));
+    r.cache_ids.push_back(lead.cache_id);
+    if (type == OpType::kBarrier) {
+      r.kind = Response::kDone;
+    } else if (all_inline) {
+      r.inline_result = reduceInline(op.request, p);
+      r.kind = Response::kInline;
+    }
+    return op;
+  }
   std::vector<Request> reqs;
   std::vector<int> ranks;  // who submitted (the set's members but the joined ranks)
-  std::vector<Arrival> arrivals;
   reqs.reserve(p.members.size());
   ranks.reserve(p.members.size());
-  arrivals.reserve(p.members.size());
   for (int rank : p.members) {
     if (!p.arrived[rank]) continue;
-    // Moved, not copied: from here on an arrival's request is read from reqs.
-    reqs.push_back(std::move(p.by_rank[rank].request));
+    reqs.push_back(p.by_rank[rank].request);
     ranks.push_back(rank);
-    arrivals.push_back(std::move(p.by_rank[rank]));
   }
   const std::string& name = reqs[0].name;
   r.names = {name};
   r.process_set = reqs[0].process_set;
   const bool partial = reqs.size() < p.members.size();
-  bool all_same_slot = !partial;
-  for (const auto& a : arrivals)
-    all_same_slot = all_same_slot && a.cache_id >= 0 && a.cache_id == arrivals[0].cache_id;
   op.request = reqs[0];
   r.type = reqs[0].type;
   if (r.type == OpType::kRemoveProcessSet) {
@@ -243,7 +268,7 @@ ReadyOp Coordinator::negotiate(const std::string& key, Pending& p) {
     r.templates = {reqs[0]};
     r.cache_ids = {-1};
   } else if (all_same_slot) {
-    r.cache_ids = {arrivals[0].cache_id};
+    r.cache_ids = {lead.cache_id};
   } else if (r.type == OpType::kAddProcessSet || r.type == OpType::kRemoveProcessSet) {
     r.cache_ids = {-1};  // one-off: not worth a slot
   } else {
@@ -263,8 +288,6 @@ ReadyOp Coordinator::negotiate(const std::string& key, Pending& p) {
     for (const auto& q : reqs) matrix.insert(matrix.end(), q.splits.begin(), q.splits.end());
     r.first_dims = {matrix};
   }
-  bool all_inline = r.type == OpType::kAllreduce || r.type == OpType::kReducescatter;
-  for (const auto& a : arrivals) all_inline = all_inline && a.has_inline;
   if (r.type == OpType::kAddProcessSet || r.type == OpType::kRemoveProcessSet) {
     changeProcessSets(reqs, r);
   } else if (r.type == OpType::kBarrier) {
@@ -272,7 +295,7 @@ ReadyOp Coordinator::negotiate(const std::string& key, Pending& p) {
   } else if (all_inline) {
     // Small allreduces finish here: one round trip to the coordinator
     // instead of a negotiation plus a collective.
-    r.inline_result = reduceInline(reqs, arrivals);
+    r.inline_result = reduceInline(reqs[0], p);
     r.kind = Response::kInline;
   }
   return op;
@@ -444,25 +467,23 @@ std::string Coordinator::validate(const std::vector<Request>& reqs,
   return "";
 }
 
-std::string Coordinator::reduceInline(const std::vector<Request>& reqs,
-                                      std::vector<Arrival>& arrivals) const {
-  const Request& q = reqs[0];
+std::string Coordinator::reduceInline(const Request& q, Pending& p) const {
   const size_t n = static_cast<size_t>(q.numElements());
   const size_t bytes = q.numBytes();
-  std::string acc = std::move(arrivals[0].inline_data);
-  acc.resize(bytes);
   ReduceFn fn = reduceFunction(q.dtype, q.reduce_op);
-  scaleBuffer(&acc[0], n, q.dtype, q.prescale);
+  std::string acc;
   std::string tmp;
-  for (size_t r = 1; r < arrivals.size(); ++r) {
-    tmp = std::move(arrivals[r].inline_data);
-    tmp.resize(bytes);
-    scaleBuffer(&tmp[0], n, q.dtype, q.prescale);
-    fn(&acc[0], acc.data(), tmp.data(), n);
+  int contributors = 0;  // the members that arrived, in rank order
+  for (int rank : p.members) {
+    if (!p.arrived[rank]) continue;
+    std::string& data = contributors++ == 0 ? acc : tmp;
+    data = std::move(p.by_rank[rank].inline_data);
+    data.resize(bytes);
+    scaleBuffer(&data[0], n, q.dtype, q.prescale);
+    if (&data == &tmp) fn(&acc[0], acc.data(), tmp.data(), n);
   }
   // Joined ranks contribute nothing, and Average divides by those who did.
-  postscaleBuffer(&acc[0], n, q.dtype, q.reduce_op, static_cast<int>(arrivals.size()),
-                  q.postscale);
+  postscaleBuffer(&acc[0], n, q.dtype, q.reduce_op, contributors, q.postscale);
   return acc;
 }
 

@@ -83,7 +83,8 @@ class Coordinator {
   // kAddProcessSet / kRemoveProcessSet, once every rank asked for the same.
   void changeProcessSets(const std::vector<Request>& reqs, Response& r);
   std::string validate(const std::vector<Request>& reqs, const std::vector<int>& ranks) const;
-  std::string reduceInline(const std::vector<Request>& reqs, std::vector<Arrival>& arrivals) const;
+  // The arrived members' inline data, reduced in rank order (consumed).
+  std::string reduceInline(const Request& q, Pending& p) const;
 
   bool readyToRun(const Pending& p) const;
   void markReady(const std::string& name, const Pending& p);
