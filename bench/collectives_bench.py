@@ -62,6 +62,7 @@ from sizes import parse_size  # noqa: E402
 SET_BUDGET_BYTES = 64 << 20  # bytes per timed set (bounds the buffers and the run time)
 MANY_SET_BUDGET_OPS = 2000  # ops per timed set in the many-tensor section
 MIN_ITERS = 3
+ENGINE_WARMUP_OPS = 2000  # 4-byte allreduces after each engine start (fresh_engine)
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "int8")
 
 
@@ -313,13 +314,21 @@ def summarize(set_times, nbytes, factor):
     }
 
 
-def fresh_engine(hvd):
+def fresh_engine(env):
     """Restarts hvd-torch's engine, so that a section starts with an empty response cache,
     as a job using only that section's names would: the cache holds at most
     HOROVOD_CACHE_CAPACITY (1024) names and never evicts one, so the names of earlier
-    sections would push the 1000-tensor case past it."""
-    hvd.shutdown()
-    hvd.init()
+    sections would push the 1000-tensor case past it.
+
+    Then warms the new engine up, as a job's first steps would: its first operations
+    fault in its shared memory and start its threads, which cost the first size's sets
+    several microseconds an op (the first size was the slowest of a run, by up to 3x).
+    """
+    env.hvd.shutdown()
+    env.hvd.init()
+    one = env.torch.ones(1)
+    for _ in range(ENGINE_WARMUP_OPS):
+        env.hvd.allreduce_(one, name="bench.warmup", op=env.hvd.Sum)
 
 
 def torch_process_group(torch, dist, hvd):
@@ -377,7 +386,7 @@ class Env:
 
 def run_op(env, op, torch_call):
     """One op's table: every size, every library form; returns its rows."""
-    fresh_engine(env.hvd)
+    fresh_engine(env)
     factor = collectives.BUSBW_FACTORS[op](env.size)
     mpi_call = collectives.MPI_CALLS[op] if env.MPI is not None else None
     table, rows, seen = report.OpTable(op, env.size, torch_call, mpi_call), [], set()
@@ -412,7 +421,7 @@ def run_many(env):
         env.log(report.many_header(env.size, env.MPI is not None))
     factor, entries = collectives.BUSBW_FACTORS["allreduce"](env.size), []
     for tensors, nbytes in env.args.many:
-        fresh_engine(env.hvd)
+        fresh_engine(env)
         count = max(1, nbytes // env.itemsize)
         # K separate ops cost per op: their sets are bounded by ops, the others' by bytes.
         iters = iterations(env.args, tensors * count * env.itemsize)
