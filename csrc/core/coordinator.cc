@@ -235,7 +235,7 @@ ReadyOp Coordinator::negotiate(const std::string& key, Pending& p) {
   ranks.reserve(p.members.size());
   for (int rank : p.members) {
     if (!p.arrived[rank]) continue;
-    reqs.push_back(p.by_rank[rank].request);
+    reqs.push_back(std::move(p.by_rank[rank].request));  // read from reqs from here on
     ranks.push_back(rank);
   }
   const std::string& name = reqs[0].name;

@@ -1171,6 +1171,11 @@ void Engine::fail(const Status& status) {
   }
   for (auto& [name, e] : pending_) e.work->complete(status);
   pending_.clear();
+  // A submission that takeSubmissions was taking when it threw (the others
+  // there were moved into pending_ and have no work left).
+  for (Entry& e : taken_)
+    if (e.work) e.work->complete(status);
+  taken_.clear();
   inline_in_flight_ = 0;
   for (Entry& e : queued) e.work->complete(status);
   workers_.clear();
