@@ -42,7 +42,7 @@ class Writer {
   // A copy into room made ahead, inlined: std::string's own append is a
   // library call, a few dozen instructions per value of a small frame.
   void append(const void* data, size_t n) {
-    if (buf_.size() - used_ < n) buf_.resize(std::max(2 * buf_.size(), used_ + n));
+    if (buf_.size() < used_ + n) buf_.resize(std::max(2 * buf_.size(), used_ + n));
     if (n > 0) std::memcpy(&buf_[used_], data, n);
     used_ += n;
   }
