@@ -80,14 +80,16 @@ std::string Coordinator::add(Arrival arrival) {
       for (const auto& key : keys) failIfStranded(key);
     }
   }
-  const std::string name = arrival.request.name;
+  const std::string& name = arrival.request.name;  // read only before the move below
   // The set's members are copied once per op, with its first arrival.
   const std::string key = tableKey(arrival.request.process_set, name);
   auto found = table_.find(key);
   std::vector<int> members;
-  if (found == table_.end() ? !sets_.find(arrival.request.process_set, &members) ||
-                                  indexIn(members, arrival.rank) < 0
-                            : indexIn(found->second.members, arrival.rank) < 0) {
+  const bool member = found != table_.end()
+                          ? indexIn(found->second.members, arrival.rank) >= 0
+                          : sets_.find(arrival.request.process_set, &members) &&
+                                indexIn(members, arrival.rank) >= 0;
+  if (!member) {
     return "rank " + std::to_string(arrival.rank) + " submitted '" + name +
            "' on process set " + std::to_string(arrival.request.process_set) +
            ", which does not exist or does not contain it";
@@ -161,7 +163,7 @@ std::vector<Response> Coordinator::takeReady() {
     Pending p = std::move(it->second);
     table_.erase(it);  // first: a removal checks the table for the set's other ops
     if (timeline_ && timeline_->active()) traceNegotiated(p);
-    ops.push_back(negotiate(key, p));
+    ops.push_back(negotiate(p));
   }
   ready_.clear();
   // All or none: if one member of a group is invalid, the whole group fails.
@@ -182,6 +184,7 @@ std::vector<Response> Coordinator::takeReady() {
   // succeeds: every rank then learns its meaning from the response.
   for (auto& op : ops) {
     if (op.slot_requests.empty() || op.response.kind == Response::kError) continue;
+    // Rare (a name negotiated in full): the key is made again here.
     const std::string key = tableKey(op.request.process_set, op.request.name);
     op.response.cache_ids = {cache_.insert(key, std::move(op.slot_requests))};
   }
@@ -200,7 +203,7 @@ bool reduces(OpType t) { return t == OpType::kAllreduce || t == OpType::kReduces
 
 }  // namespace
 
-ReadyOp Coordinator::negotiate(const std::string& key, Pending& p) {
+ReadyOp Coordinator::negotiate(Pending& p) {
   ReadyOp op;
   Response& r = op.response;
   const Arrival& lead = p.by_rank[p.members[0]];

@@ -79,7 +79,7 @@ class Coordinator {
   void traceArrival(const Pending& p, const Request& request, int rank);
   void traceNegotiated(const Pending& p);
 
-  ReadyOp negotiate(const std::string& name, Pending& pending);
+  ReadyOp negotiate(Pending& pending);
   // kAddProcessSet / kRemoveProcessSet, once every rank asked for the same.
   void changeProcessSets(const std::vector<Request>& reqs, Response& r);
   std::string validate(const std::vector<Request>& reqs, const std::vector<int>& ranks) const;
