@@ -42,6 +42,11 @@ struct Pending {
   at::Tensor copy_back_to;                     // in-place op on a non-contiguous or staged tensor
   Plane plane = Plane::kHost;                  // CUDA tensors: how the result comes back
   int device = -1;
+  // The entry's tensors, shared, so that synchronize, holding the GIL, drops
+  // the last C++ reference to the input. Dropping a Python-owned tensor from
+  // 2 references to 1 decrefs its PyObject under the GIL: on the background
+  // thread, that waited for a busy Python thread's switch interval (5 ms).
+  std::shared_ptr<void> keep_alive;
 };
 
 // Handle table: ints cross the schema, Pending stays here.
