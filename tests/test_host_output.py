@@ -1,7 +1,8 @@
 """Outputs the engine writes on the host (csrc/torch/host_output.*): large ones come from a
 bounded pool of huge-page mappings, so a freed output's memory is reused by the next op of
 its size, the tensors stay ordinary resizable tensors, and the memory kept after freeing is
-capped by HVD_TORCH_OUTPUT_CACHE_MB."""
+capped by HVD_TORCH_OUTPUT_CACHE_MB. Small ones (up to 4 KiB) come from per-size free
+lists: reused, 64-byte aligned, resizable both ways, correct in every dtype."""
 
 import sys
 from pathlib import Path
@@ -44,6 +45,7 @@ def _rank_main():
     # 16 outputs of 16 MiB alive at once, every page written, then all freed:
     # what stays mapped is bounded by the cache (64 MiB here, set by the test).
     before = _rss_bytes()
+    res["small"] = _small_outputs(hvd, n)
     big = torch.ones(4 * MIB)
     outs = [hvd.allreduce(big, name=f"many.{i}", op=hvd.Sum) for i in range(16)]
     res["many_ok"] = all(torch.equal(o[-2:], torch.full((2,), float(n))) for o in outs)
@@ -52,6 +54,39 @@ def _rank_main():
     res["kept_mib"] = (_rss_bytes() - before) / MIB
     res["peak_mib"] = (peak - before) / MIB
     return res
+
+
+def _small_outputs(hvd, n):
+    """Small outputs: what _rank_main's checks of them found wrong (empty: nothing)."""
+    wrong = []
+    one = torch.ones(1)
+    out = hvd.allreduce(one, name="small", op=hvd.Sum)
+    ptr = out.data_ptr()
+    del out
+    again = hvd.allreduce(one, name="small", op=hvd.Sum)
+    if again.data_ptr() != ptr:
+        wrong.append("a freed 4-byte output was not reused")
+    if again.item() != n:
+        wrong.append(("value", again.item()))
+    # Every size class boundary, several dtypes; all outputs alive at once.
+    outs = {}
+    for numel in (1, 15, 16, 17, 1023, 1024, 1025):
+        for dtype in (torch.uint8, torch.float32, torch.float64):
+            out = hvd.allreduce(torch.ones(numel, dtype=dtype), name=f"s.{numel}.{dtype}",
+                                op=hvd.Sum)
+            outs[(numel, dtype)] = out
+            if out.data_ptr() % 64:
+                wrong.append(("unaligned", numel, dtype))
+    for (numel, dtype), out in outs.items():
+        if not torch.equal(out, torch.full((numel,), n, dtype=dtype)):
+            wrong.append(("values", numel, dtype))
+    # Resized past the small sizes and back, keeping its values.
+    again.resize_(100_000)
+    again[1:] = 7
+    again.resize_(2)
+    if again.tolist() != [float(n), 7.0]:
+        wrong.append(("resized", again.tolist()))
+    return wrong
 
 
 @pytest.mark.parametrize("nranks", [1, 2])
@@ -66,6 +101,7 @@ def test_pooled_outputs_are_reused_resizable_and_bounded(nranks):
         assert tuple(shape) == (nranks * MIB // 2, 2) and firsts == [float(q) for q in range(nranks)]
         shape, head = res["resized"]
         assert tuple(shape) == (3 * MIB,) and torch.equal(head, torch.full((4,), total))
+        assert res["small"] == [], res["small"]
         assert res["many_ok"]
         assert res["peak_mib"] >= 16 * 16 - 32, res  # the outputs were really there
         # The cache keeps 64 MiB of them (still resident: no fault on reuse), no more.
