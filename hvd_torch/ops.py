@@ -104,14 +104,31 @@ _is_compiling = torch.compiler.is_compiling
 _eager_allreduce = _C.eager_allreduce
 _eager_allreduce_ = _C.eager_allreduce_
 _no_compression = Compression.none
+# The async allreduces, synchronize and poll: the calls of every training step.
+_eager_allreduce_async = _C.eager_allreduce_async
+_eager_synchronize = _C.eager_synchronize
+_eager_poll = _C.eager_poll
 
 
-@_translate_errors
+def _allreduce_async(tensor, in_place, average, name, op, prescale_factor, postscale_factor,
+                     process_set):
+    if op is None or average is not None:
+        op = _resolve_op(average, op)
+    args = (name or "", op, float(prescale_factor), float(postscale_factor), process_set._id())
+    try:
+        handle = -1 if _is_compiling() else _eager_allreduce_async(tensor, in_place, *args)
+        if handle < 0:
+            handle = (_ops.allreduce_async_ if in_place else _ops.allreduce_async)(tensor, *args)
+    except DistNetworkError as e:
+        raise HorovodInternalError(str(e)) from None
+    return handle
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Starts an allreduce; returns a handle for poll()/synchronize()."""
-    return _ops.allreduce_async(tensor, name or "", _resolve_op(average, op),
-                                float(prescale_factor), float(postscale_factor), _ps(process_set))
+    return _allreduce_async(tensor, False, average, name, op, prescale_factor, postscale_factor,
+                            process_set)
 
 
 # allreduce and allreduce_ are the hottest calls: they translate errors inline,
@@ -139,12 +156,11 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     return out if compression is _no_compression else compression.decompress(out, ctx)
 
 
-@_translate_errors
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce_async: the result is written into `tensor`."""
-    return _ops.allreduce_async_(tensor, name or "", _resolve_op(average, op),
-                                 float(prescale_factor), float(postscale_factor), _ps(process_set))
+    return _allreduce_async(tensor, True, average, name, op, prescale_factor, postscale_factor,
+                            process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -315,6 +331,8 @@ def join(device=-1):
 @_translate_errors
 def poll(handle):
     """True once the async operation behind `handle` has finished."""
+    if type(handle) is int and handle > 0 and not _is_compiling():  # group handles are < 0
+        return _eager_poll(handle)
     from hvd_torch import grouped
 
     if grouped.is_group_handle(handle):
@@ -324,9 +342,20 @@ def poll(handle):
     return _ops.poll(handle)
 
 
-@_translate_errors
 def synchronize(handle):
     """Waits for `handle` and returns the operation's output (raises its error)."""
+    # The engine's handles are positive ints (group handles are negative).
+    if type(handle) is int and handle > 0 and handle not in _alltoall_handles:
+        try:
+            out = None if _is_compiling() else _eager_synchronize(handle)
+            return _ops.synchronize(handle) if out is None else out
+        except DistNetworkError as e:
+            raise HorovodInternalError(str(e)) from None
+    return _synchronize_other(handle)
+
+
+@_translate_errors
+def _synchronize_other(handle):
     from hvd_torch import grouped
 
     if grouped.is_group_handle(handle):

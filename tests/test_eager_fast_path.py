@@ -1,9 +1,9 @@
-"""Eager blocking allreduces of plain CPU tensors skip the dispatcher
-(csrc/python/eager_fast_path.cpp): the fast path is taken exactly where the dispatcher
-would add nothing but a version bump, gives the same results, version counters and
-errors as the torch op, and every other case (autograd, subclasses, tracing, dispatch
-and torch-function modes, inference mode, conjugate views) goes through the torch op
-with its usual behaviour. 1 and 2 ranks."""
+"""Eager allreduces of plain CPU tensors (blocking and async), synchronize and poll skip
+the dispatcher (csrc/python/eager_fast_path.cpp): the fast path is taken exactly where
+the dispatcher would add nothing but a version bump, gives the same results, version
+counters and errors as the torch op, and every other case (autograd, subclasses,
+tracing, dispatch and torch-function modes, inference mode, conjugate views) goes
+through the torch op with its usual behaviour. 1 and 2 ranks."""
 
 import sys
 from pathlib import Path
@@ -125,3 +125,104 @@ def test_fast_path_is_taken_exactly_where_the_dispatcher_adds_nothing(nranks):
         assert res["saved_overwritten"] is True, res
         assert res["errors"][0] is not None and res["errors"][0] == res["errors"][1], res
         assert res["errors"][0][0] == "ValueError", res
+
+
+def _async_paths_and_results():
+    import hvd_torch as hvd
+    from hvd_torch import _C
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    res = {}
+    args = (1, 1.0, 1.0, 0)
+
+    class Sub(torch.Tensor):
+        pass
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            return func(*a, **(kw or {}))
+
+    def handle_of(t, name):  # the eager path's handle, or -1 (and nothing submitted)
+        h = _C.eager_allreduce_async(t, True, name, *args)
+        if h > 0:
+            hvd.synchronize(h)
+        return h
+
+    res["plain"] = handle_of(torch.ones(2), "a.plain") > 0
+    for case, t in (("needs_grad", torch.ones(2, requires_grad=True)),
+                    ("subclass", torch.ones(2).as_subclass(Sub))):
+        res[case] = handle_of(t, "a." + case)
+    with Passthrough():
+        res["dispatch_mode"] = handle_of(torch.ones(2), "a.mode")
+        h = hvd.allreduce_async(torch.full((2,), float(r + 1)), name="a.mode.op", op=hvd.Sum)
+        res["sync_in_mode"] = _C.eager_synchronize(h)  # None: not taken
+        res["mode_result"] = torch.ops.hvd_torch.synchronize(h).tolist()
+    with torch.inference_mode():
+        res["inference"] = handle_of(torch.ones(2), "a.inference")
+
+    # Same results, version counters and returned objects as the torch op.
+    x = torch.full((3,), float(r + 1))
+    h = hvd.allreduce_async_(x, name="a.ip", op=hvd.Sum)
+    res["inplace_version"] = x._version
+    res["poll_type"] = type(hvd.poll(h)).__name__
+    out = hvd.synchronize(h)
+    res["inplace"] = (out is x, x.tolist())
+    y = torch.full((3,), float(r + 1))
+    res["op_version"] = torch.ops.hvd_torch.synchronize(
+        torch.ops.hvd_torch.allreduce_async_(y, "a.ip.op", 1)) is not None and y._version
+    z = torch.full((2,), float(r + 1))
+    res["functional"] = (hvd.synchronize(hvd.allreduce_async(z, name="a.f")).tolist(),
+                         z.tolist())
+    sub = torch.full((2,), float(r + 1)).as_subclass(Sub)
+    res["subclass_result"] = hvd.synchronize(hvd.allreduce_async_(sub, name="a.sub",
+                                                                  op=hvd.Sum)).tolist()
+    w = torch.full((2,), float(r + 1), requires_grad=True)
+    res["needs_grad_result"] = hvd.synchronize(hvd.allreduce_async(w, name="a.grad",
+                                                                   op=hvd.Sum)).tolist()
+    # Many in flight at once, synchronized in reverse order.
+    vs = [torch.full((k + 1,), float(r + k)) for k in range(50)]
+    hs = [hvd.allreduce_async_(v, name=f"a.many.{k}", op=hvd.Sum) for k, v in enumerate(vs)]
+    for h in reversed(hs):
+        hvd.synchronize(h)
+    res["many"] = all(v.tolist() == [float(n * k + n * (n - 1) // 2)] * (k + 1)
+                      for k, v in enumerate(vs))
+
+    # A caller's mistake raises the same error either way.
+    def error_of(call):
+        try:
+            call()
+            return None
+        except Exception as e:  # noqa: BLE001 (the type is what we compare)
+            return type(e).__name__, str(e).split("\n")[0]
+
+    res["errors"] = [
+        (error_of(lambda: hvd.allreduce_async_(torch.ones(1), name="a.bad", op=2)),
+         error_of(lambda: torch.ops.hvd_torch.allreduce_async_(torch.ones(1), "a.bad", 2))),
+        (error_of(lambda: hvd.synchronize(10**9)),
+         error_of(lambda: torch.ops.hvd_torch.synchronize(10**9))),
+        (error_of(lambda: hvd.poll(10**9)), error_of(lambda: torch.ops.hvd_torch.poll(10**9))),
+    ]
+    hvd.shutdown()
+    return res
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_async_fast_path_matches_the_torch_op(nranks):
+    for rank, res in enumerate(run_ranks(_async_paths_and_results, nranks, timeout=120)):
+        total = float(nranks * (nranks + 1) // 2)
+        assert res["plain"] is True, res
+        for case in ("needs_grad", "subclass", "dispatch_mode", "inference"):
+            assert res[case] == -1, (case, res)
+        assert res["sync_in_mode"] is None and res["mode_result"] == [total] * 2, res
+        assert res["inplace_version"] == 1 and res["op_version"] == 1, res
+        assert res["poll_type"] == "bool", res
+        assert res["inplace"] == (True, [total] * 3), res
+        assert res["functional"] == ([total / nranks] * 2, [float(rank + 1)] * 2), res
+        assert res["subclass_result"] == [total] * 2, res
+        assert res["needs_grad_result"] == [total] * 2, res
+        assert res["many"], res
+        for fast, op in res["errors"]:
+            assert fast is not None and fast == op, res
+        assert res["errors"][0][0][0] == "ValueError", res

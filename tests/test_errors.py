@@ -204,7 +204,9 @@ def _dying_rank(victim, how):
     first = attempt(lambda: hvd.allreduce(torch.ones(100_000), name="doomed"))
     # The engine is broken now: new ops fail at once with the same kind of error.
     second = attempt(lambda: hvd.allreduce(torch.ones(1), name="later"))
-    return {"first": first, "second": second}
+    # Async ops too (their eager path translates the error as the op path does).
+    third = attempt(lambda: hvd.synchronize(hvd.allreduce_async_(torch.ones(1), name="later.a")))
+    return {"first": first, "second": second, "third": third}
 
 
 def _rendezvous_rank():
@@ -464,10 +466,11 @@ def test_dead_rank_fails_the_others_quickly(nranks, victim, how):
         assert f"rank {victim}" in message, message
         if how == "shutdown":
             assert "shutdown()" in message, message
-        exc_type, _, elapsed = outcome["second"]
-        assert exc_type == "HorovodInternalError" and elapsed < 1, (
-            f"rank {rank}: {outcome['second']}"
-        )
+        for later in ("second", "third"):
+            exc_type, _, elapsed = outcome[later]
+            assert exc_type == "HorovodInternalError" and elapsed < 1, (
+                f"rank {rank}: {later} {outcome[later]}"
+            )
 
 
 def test_incomplete_rendezvous_names_store_and_missing_rank():

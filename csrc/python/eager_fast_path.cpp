@@ -1,12 +1,13 @@
-// Blocking allreduces (single and grouped) of plain CPU tensors from eager
-// Python, without the dispatcher. Calling torch.ops.hvd_torch.allreduce_ from Python costs about
-// 2 us before our kernel runs (argument matching against the schema, the
-// dispatch-key walk); for a 4-byte allreduce that is as much as the collective
-// itself. Where the dispatcher would add nothing, these call the same kernel
-// directly. Anything else (a tensor subclass, a tensor needing autograd or
-// carrying conjugate/negative bits, tracing, a dispatch or torch-function
-// mode, inference mode) returns "not taken" and hvd_torch/ops.py calls the
-// torch op. torch.compile never gets here: ops.py and grouped.py check
+// Allreduces (blocking, async, grouped) of plain CPU tensors, synchronize
+// and poll, from eager Python, without the dispatcher. Calling
+// torch.ops.hvd_torch.allreduce_ from Python costs about 2 us before our
+// kernel runs (argument matching against the schema, the dispatch-key walk);
+// for a 4-byte allreduce that is as much as the collective itself. Where the
+// dispatcher would add nothing, these call the same kernel directly.
+// Anything else (a tensor subclass, a tensor needing autograd or carrying
+// conjugate/negative bits, tracing, a dispatch or torch-function mode,
+// inference mode) returns "not taken" and hvd_torch/ops.py calls the torch
+// op. torch.compile never gets here: ops.py and grouped.py check
 // is_compiling() first.
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/InferenceMode.h>
@@ -107,6 +108,36 @@ pybind11::object allreduce(pybind11::handle obj, const std::string& name, int64_
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
+// The allreduce_async / allreduce_async_ ops; -1 when not taken (handles
+// are positive). The in-place kernel's version bump, as allreduceAsyncInPlace.
+int64_t allreduceAsync(pybind11::handle obj, bool in_place, const std::string& name, int64_t op,
+                       double prescale, double postscale, int64_t process_set) {
+  HANDLE_TH_ERRORS
+  const at::Tensor* t = plainCpuTensor(obj);
+  if (t == nullptr) return -1;
+  const int64_t handle =
+      hvd::torch_layer::submitAllreduce(*t, in_place, name, op, prescale, postscale, process_set);
+  if (in_place) hvd::torch_layer::bumpVersion(*t);
+  return handle;
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
+// The synchronize op (a handle of the engine's, not an alltoall's); None
+// when not taken.
+pybind11::object synchronizeAsync(int64_t handle) {
+  HANDLE_TH_ERRORS
+  if (!plainThreadState()) return pybind11::none();
+  return pybind11::cast(hvd::torch_layer::waitHandle(handle));
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
+// The poll op: it reads a flag; nothing for the dispatcher to do.
+bool pollAsync(int64_t handle) {
+  HANDLE_TH_ERRORS
+  return hvd::torch_layer::pollHandle(handle);
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
 // The grouped_allreduce_ op; false when not taken.
 bool groupedAllreduceInPlace(pybind11::handle tensors, const std::string& name, int64_t op,
                              double prescale, double postscale, int64_t process_set) {
@@ -135,6 +166,9 @@ pybind11::object groupedAllreduce(pybind11::handle tensors, const std::string& n
 void registerEagerFastPath(pybind11::module& m) {
   m.def("eager_allreduce_", &allreduceInPlace);
   m.def("eager_allreduce", &allreduce);
+  m.def("eager_allreduce_async", &allreduceAsync);
+  m.def("eager_synchronize", &synchronizeAsync);
+  m.def("eager_poll", &pollAsync);
   m.def("eager_grouped_allreduce_", &groupedAllreduceInPlace);
   m.def("eager_grouped_allreduce", &groupedAllreduce);
 }
