@@ -1,8 +1,9 @@
 """Outputs the engine writes on the host (csrc/torch/host_output.*): large ones come from a
 bounded pool of huge-page mappings, so a freed output's memory is reused by the next op of
 its size, the tensors stay ordinary resizable tensors, and the memory kept after freeing is
-capped by HVD_TORCH_OUTPUT_CACHE_MB. Small ones (up to 4 KiB) come from per-size free
-lists: reused, 64-byte aligned, resizable both ways, correct in every dtype."""
+capped by HVD_TORCH_OUTPUT_CACHE_MB; blocks below 1 MiB are powers of two, so an output
+of 300 KiB reuses a freed one of 400 KiB. Small ones (up to 4 KiB) come from per-size
+free lists: reused, 64-byte aligned, resizable both ways, correct in every dtype."""
 
 import sys
 from pathlib import Path
@@ -46,6 +47,12 @@ def _rank_main():
     # what stays mapped is bounded by the cache (64 MiB here, set by the test).
     before = _rss_bytes()
     res["small"] = _small_outputs(hvd, n)
+    mid = hvd.allreduce(torch.ones(100 * 1024), name="mid.400K", op=hvd.Sum)
+    ptr = mid.data_ptr()
+    del mid
+    mid = hvd.allreduce(torch.ones(75 * 1024), name="mid.300K", op=hvd.Sum)
+    res["mid"] = (mid.data_ptr() == ptr, mid.shape[0], bool(torch.all(mid == n)))
+    del mid
     big = torch.ones(4 * MIB)
     outs = [hvd.allreduce(big, name=f"many.{i}", op=hvd.Sum) for i in range(16)]
     res["many_ok"] = all(torch.equal(o[-2:], torch.full((2,), float(n))) for o in outs)
@@ -102,6 +109,7 @@ def test_pooled_outputs_are_reused_resizable_and_bounded(nranks):
         shape, head = res["resized"]
         assert tuple(shape) == (3 * MIB,) and torch.equal(head, torch.full((4,), total))
         assert res["small"] == [], res["small"]
+        assert res["mid"] == (True, 75 * 1024, True), res["mid"]
         assert res["many_ok"]
         assert res["peak_mib"] >= 16 * 16 - 32, res  # the outputs were really there
         # The cache keeps 64 MiB of them (still resident: no fault on reuse), no more.

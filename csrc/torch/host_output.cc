@@ -20,11 +20,22 @@ namespace torch_layer {
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kPooledFrom = size_t{1} << 20;  // smaller: the default CPU allocator
+constexpr size_t kHugeFrom = size_t{1} << 20;  // smaller blocks: powers of two, no alignment slack
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-// One mapping: `data` is its first huge-page boundary, `bytes` long.
+// A pooled block's size for `n` bytes: a power of two below 1 MiB (so sizes
+// repeat and a freed block fits the next output near its size), else whole
+// huge pages.
+size_t blockBytes(size_t n) {
+  if (n >= kHugeFrom) return roundUp(n, kHugePage);
+  size_t b = 8192;
+  while (b < n) b <<= 1;
+  return b;
+}
+
+// One mapping: `data` is its first huge-page boundary (blocks of 1 MiB and
+// more) or its start, `bytes` long.
 struct Block {
   void* base;
   size_t mapped;
@@ -56,12 +67,14 @@ class Pool {
         return b;
       }
     }
-    // Mapped with a huge page of slack, so the block starts on a 2 MiB
-    // boundary (the kernel may back it with transparent huge pages).
-    const size_t mapped = bytes + kHugePage;
+    // A large block is mapped with a huge page of slack, so it starts on a
+    // 2 MiB boundary (the kernel may back it with transparent huge pages).
+    const bool huge = bytes >= kHugeFrom;
+    const size_t mapped = huge ? bytes + kHugePage : bytes;
     void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) return nullptr;
-    void* data = reinterpret_cast<void*>(roundUp(reinterpret_cast<uintptr_t>(base), kHugePage));
+    void* data = huge ? reinterpret_cast<void*>(roundUp(reinterpret_cast<uintptr_t>(base), kHugePage))
+                      : base;
     return new Block{base, mapped, data, bytes};
   }
 
@@ -158,9 +171,9 @@ SmallPool& SmallPool::instance() {
 class OutputAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
-    if (n > 0 && n <= kSmallUpTo) return SmallPool::instance().take(n);
-    if (n < kPooledFrom) return c10::GetDefaultCPUAllocator()->allocate(n);
-    Block* b = pool().take(roundUp(n, kHugePage));
+    if (n == 0) return c10::GetDefaultCPUAllocator()->allocate(n);
+    if (n <= kSmallUpTo) return SmallPool::instance().take(n);
+    Block* b = pool().take(blockBytes(n));
     if (b == nullptr) return c10::GetDefaultCPUAllocator()->allocate(n);
     return {b->data, b, &giveBack, c10::Device(c10::DeviceType::CPU)};
   }
