@@ -54,6 +54,9 @@ size_t cacheCap() {
 
 // Freed blocks, oldest first: a block is reused by the next output of its
 // size; past the cap the oldest go, so the pool follows the sizes in use.
+// The count is capped too: take() looks through the blocks (a miss looks at
+// every one).
+constexpr size_t kMaxCachedBlocks = 1024;
 class Pool {
  public:
   Block* take(size_t bytes) {
@@ -84,7 +87,7 @@ class Pool {
       std::lock_guard<std::mutex> lock(mu_);
       free_.push_back(b);
       cached_ += b->bytes;
-      while (cached_ > cap_ && !free_.empty()) {
+      while ((cached_ > cap_ || free_.size() > kMaxCachedBlocks) && !free_.empty()) {
         cached_ -= free_.front()->bytes;
         evicted.push_back(free_.front());
         free_.pop_front();
