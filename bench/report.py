@@ -97,8 +97,8 @@ def many_header(size, mpi):
     return (
         f"#\n# many tensors, {size} ranks: K tensors of S bytes in one grouped_allreduce_, and "
         f"as K allreduce_async_ then synchronize all,\n# vs one allreduce_ of K x S bytes "
-        f"(rule: hvd grouped/flat <= {MANY_RULE}; K separate calls pay a Python and dispatch "
-        f"cost per call);\n# "
+        f"(rule: hvd grouped/flat <= {MANY_RULE}; K separate calls pay a submission and a "
+        f"synchronize each);\n# "
         f"torch: K all_reduce(async_op=True) then wait; mpi: K Iallreduce then Waitall\n#\n"
         f"# {'K x S':>12} {cols}{''.join(f'{r:>16}' for r in rats)}"
     )
