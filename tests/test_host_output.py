@@ -114,3 +114,22 @@ def test_pooled_outputs_are_reused_resizable_and_bounded(nranks):
         assert res["peak_mib"] >= 16 * 16 - 32, res  # the outputs were really there
         # The cache keeps 64 MiB of them (still resident: no fault on reuse), no more.
         assert 40 <= res["kept_mib"] <= 64 + 24, res
+
+
+def _outputs_without_a_cache():
+    import hvd_torch as hvd
+
+    hvd.init()
+    n = hvd.size()
+    out = {}
+    for numel in (10, 75 * 1024, 512 * 1024):  # small, pooled-size, huge-page-size
+        x = hvd.allreduce(torch.full((numel,), 2.0), name=f"nocache.{numel}", op=hvd.Sum)
+        out[numel] = bool(torch.all(x == 2.0 * n))
+        del x
+    return out
+
+
+def test_outputs_are_right_with_the_cache_off():
+    env = {"HVD_TORCH_OUTPUT_CACHE_MB": "0"}
+    for res in run_ranks(_outputs_without_a_cache, 2, env=env, timeout=60):
+        assert res == {10: True, 75 * 1024: True, 512 * 1024: True}, res

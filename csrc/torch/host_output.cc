@@ -81,6 +81,10 @@ class Pool {
     return new Block{base, mapped, data, bytes};
   }
 
+  // HVD_TORCH_OUTPUT_CACHE_MB=0: nothing kept, so a block below 1 MiB would
+  // cost a mapping per output; those then come from the default allocator.
+  bool keeps() const { return cap_ > 0; }
+
   void give(Block* b) {
     std::vector<Block*> evicted;
     {
@@ -176,6 +180,7 @@ class OutputAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     if (n == 0) return c10::GetDefaultCPUAllocator()->allocate(n);
     if (n <= kSmallUpTo) return SmallPool::instance().take(n);
+    if (n < kHugeFrom && !pool().keeps()) return c10::GetDefaultCPUAllocator()->allocate(n);
     Block* b = pool().take(blockBytes(n));
     if (b == nullptr) return c10::GetDefaultCPUAllocator()->allocate(n);
     return {b->data, b, &giveBack, c10::Device(c10::DeviceType::CPU)};
