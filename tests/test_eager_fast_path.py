@@ -15,6 +15,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dist_harness import run_ranks  # noqa: E402
 
 
+def _error_of(call):
+    """(exception type, first line of its message), or None when call() raises nothing."""
+    try:
+        call()
+        return None
+    except Exception as e:  # noqa: BLE001 (the type is what we compare)
+        return type(e).__name__, str(e).split("\n")[0]
+
+
 def _which_path_and_results():
     import hvd_torch as hvd
     from hvd_torch import _C
@@ -90,15 +99,8 @@ def _which_path_and_results():
         res["saved_overwritten"] = "modified by an inplace operation" in str(e)
 
     # A caller's mistake raises the same error either way.
-    errors = []
-    for call in (lambda: hvd.allreduce_(torch.ones(1), name="bad", op=2),
-                 lambda: torch.ops.hvd_torch.allreduce_(torch.ones(1), "bad", 2)):
-        try:
-            call()
-            errors.append(None)
-        except Exception as e:  # noqa: BLE001 (the type is what we compare)
-            errors.append((type(e).__name__, str(e).split("\n")[0]))
-    res["errors"] = errors
+    res["errors"] = [_error_of(lambda: hvd.allreduce_(torch.ones(1), name="bad", op=2)),
+                     _error_of(lambda: torch.ops.hvd_torch.allreduce_(torch.ones(1), "bad", 2))]
     hvd.shutdown()
     return res
 
@@ -170,8 +172,8 @@ def _async_paths_and_results():
     out = hvd.synchronize(h)
     res["inplace"] = (out is x, x.tolist())
     y = torch.full((3,), float(r + 1))
-    res["op_version"] = torch.ops.hvd_torch.synchronize(
-        torch.ops.hvd_torch.allreduce_async_(y, "a.ip.op", 1)) is not None and y._version
+    torch.ops.hvd_torch.synchronize(torch.ops.hvd_torch.allreduce_async_(y, "a.ip.op", 1))
+    res["op_version"] = y._version
     z = torch.full((2,), float(r + 1))
     res["functional"] = (hvd.synchronize(hvd.allreduce_async(z, name="a.f")).tolist(),
                          z.tolist())
@@ -190,19 +192,12 @@ def _async_paths_and_results():
                       for k, v in enumerate(vs))
 
     # A caller's mistake raises the same error either way.
-    def error_of(call):
-        try:
-            call()
-            return None
-        except Exception as e:  # noqa: BLE001 (the type is what we compare)
-            return type(e).__name__, str(e).split("\n")[0]
-
     res["errors"] = [
-        (error_of(lambda: hvd.allreduce_async_(torch.ones(1), name="a.bad", op=2)),
-         error_of(lambda: torch.ops.hvd_torch.allreduce_async_(torch.ones(1), "a.bad", 2))),
-        (error_of(lambda: hvd.synchronize(10**9)),
-         error_of(lambda: torch.ops.hvd_torch.synchronize(10**9))),
-        (error_of(lambda: hvd.poll(10**9)), error_of(lambda: torch.ops.hvd_torch.poll(10**9))),
+        (_error_of(lambda: hvd.allreduce_async_(torch.ones(1), name="a.bad", op=2)),
+         _error_of(lambda: torch.ops.hvd_torch.allreduce_async_(torch.ones(1), "a.bad", 2))),
+        (_error_of(lambda: hvd.synchronize(10**9)),
+         _error_of(lambda: torch.ops.hvd_torch.synchronize(10**9))),
+        (_error_of(lambda: hvd.poll(10**9)), _error_of(lambda: torch.ops.hvd_torch.poll(10**9))),
     ]
     hvd.shutdown()
     return res
