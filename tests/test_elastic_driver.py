@@ -110,6 +110,11 @@ def _latest(worker):
     return worker.assignments[-1] if worker.assignments else None
 
 
+def _all_at_round(workers, round_):
+    """Every worker has joined round_: each learns of a round on its own thread."""
+    return all(_latest(w) is not None and _latest(w).round == round_ for w in workers)
+
+
 def test_survivor_becomes_rank_0_and_the_slot_is_refilled(store):
     hosts = {"localhost": 3}
     driver, launcher, result, thread, logs = _start_driver(store, hosts, min_np=2)
@@ -117,7 +122,7 @@ def test_survivor_becomes_rank_0_and_the_slot_is_refilled(store):
     w1, w2, w3 = launcher.workers
     assert [_latest(w).rank for w in (w1, w2, w3)] == [0, 1, 2]
     w1.fail.set()  # rank 0 dies: w2 must take over rank 0, w4 fills the slot
-    _wait(lambda: len(launcher.workers) == 4 and _latest(launcher.workers[3]) is not None)
+    _wait(lambda: len(launcher.workers) == 4 and _all_at_round(launcher.workers[1:], 2))
     w4 = launcher.workers[3]
     assert [(_latest(w).rank, _latest(w).size, _latest(w).round) for w in (w2, w3, w4)] == [
         (0, 3, 2), (1, 3, 2), (2, 3, 2)]  # fmt: skip
@@ -163,7 +168,7 @@ def test_added_slots_grow_the_job_up_to_max_np(store):
     _driver, launcher, result, thread, logs = _start_driver(store, hosts, min_np=1, max_np=2)
     _wait(lambda: launcher.workers and launcher.workers[0].assignments)
     hosts["localhost"] = 4  # only one more fits under --max-np 2
-    _wait(lambda: len(launcher.workers) == 2 and launcher.workers[1].assignments)
+    _wait(lambda: len(launcher.workers) == 2 and _all_at_round(launcher.workers, 2))
     assert [(_latest(w).rank, _latest(w).size) for w in launcher.workers] == [(0, 2), (1, 2)]
     time.sleep(0.3)
     assert len(launcher.workers) == 2
