@@ -61,16 +61,20 @@ void Coordinator::join(int rank) {
 }
 
 std::string Coordinator::add(Arrival arrival) {
+  // A cached arrival's request is its slot's, read in place: it is copied
+  // once, into the table entry, whose buffers a recycled entry already has.
+  const Request* slot_request = nullptr;
   if (arrival.cache_id >= 0) {
     const auto* slot = cache_.find(arrival.cache_id);
     if (slot == nullptr) {
       return "internal: rank " + std::to_string(arrival.rank) + " named unknown cache slot " +
              std::to_string(arrival.cache_id);
     }
-    arrival.request = (*slot)[arrival.rank];
+    slot_request = &(*slot)[arrival.rank];
   }
-  if (arrival.request.type == OpType::kRemoveProcessSet && !arrival.request.splits.empty()) {
-    const int32_t id = static_cast<int32_t>(arrival.request.splits[0]);
+  const Request& request = slot_request ? *slot_request : arrival.request;
+  if (request.type == OpType::kRemoveProcessSet && !request.splits.empty()) {
+    const int32_t id = static_cast<int32_t>(request.splits[0]);
     std::vector<int> members;
     if (sets_.find(id, &members) && indexIn(members, arrival.rank) >= 0) {
       removing_[id].push_back(arrival.rank);
@@ -80,27 +84,28 @@ std::string Coordinator::add(Arrival arrival) {
       for (const auto& key : keys) failIfStranded(key);
     }
   }
-  const std::string& name = arrival.request.name;  // read only before the move below
-  // The set's members are copied once per op, with its first arrival.
-  const std::string key = tableKey(arrival.request.process_set, name);
+  const std::string& name = request.name;
+  const std::string key = tableKey(request.process_set, name);
   auto found = table_.find(key);
-  std::vector<int> members;
+  // The set's members are copied once per op, with its first arrival.
   const bool member = found != table_.end()
                           ? indexIn(found->second.members, arrival.rank) >= 0
-                          : sets_.find(arrival.request.process_set, &members) &&
-                                indexIn(members, arrival.rank) >= 0;
+                          : sets_.find(request.process_set, &members_scratch_) &&
+                                indexIn(members_scratch_, arrival.rank) >= 0;
   if (!member) {
     return "rank " + std::to_string(arrival.rank) + " submitted '" + name +
-           "' on process set " + std::to_string(arrival.request.process_set) +
+           "' on process set " + std::to_string(request.process_set) +
            ", which does not exist or does not contain it";
   }
-  Pending& p = found == table_.end() ? table_[key] : found->second;
+  if (found == table_.end()) found = insertPending(key);
+  Pending& p = found->second;
   if (p.count == 0) {
     p.name = name;
-    p.process_set = arrival.request.process_set;
-    p.members = std::move(members);
+    p.process_set = request.process_set;
+    p.members.swap(members_scratch_);
     p.by_rank.resize(size_);
     p.arrived.assign(size_, false);
+    p.ready = false;
     p.first_arrival = std::chrono::steady_clock::now();
   }
   if (p.arrived[arrival.rank]) {
@@ -109,8 +114,17 @@ std::string Coordinator::add(Arrival arrival) {
   }
   p.arrived[arrival.rank] = true;
   p.last_rank = arrival.rank;
-  if (timeline_ && timeline_->active()) traceArrival(p, arrival.request, arrival.rank);
-  p.by_rank[arrival.rank] = std::move(arrival);
+  if (timeline_ && timeline_->active()) traceArrival(p, request, arrival.rank);
+  Arrival& kept = p.by_rank[arrival.rank];
+  if (slot_request) {
+    kept.request = *slot_request;  // into the buffers a recycled entry kept
+  } else {
+    kept.request = std::move(arrival.request);
+  }
+  kept.rank = arrival.rank;
+  kept.cache_id = arrival.cache_id;
+  kept.has_inline = arrival.has_inline;
+  kept.inline_data.swap(arrival.inline_data);
   ++p.count;
   if (!removing_.empty() && failIfStranded(key)) return "";
   if (!p.ready && readyToRun(p)) {
@@ -118,6 +132,25 @@ std::string Coordinator::add(Arrival arrival) {
     markReady(key, p);
   }
   return "";
+}
+
+Coordinator::Table::iterator Coordinator::insertPending(const std::string& key) {
+  if (spare_.empty()) return table_.emplace(key, Pending()).first;
+  Table::node_type node = std::move(spare_.back());
+  spare_.pop_back();
+  node.key() = key;
+  return table_.insert(std::move(node)).position;
+}
+
+void Coordinator::recycle(Table::node_type node) {
+  // A negotiated op's entry keeps its vectors' and strings' buffers for the
+  // next name: a steady stream of ops allocates nothing here.
+  if (spare_.size() >= kSpareEntries) return;
+  Pending& p = node.mapped();
+  p.count = 0;
+  p.ready = false;
+  p.last_rank = -1;
+  spare_.push_back(std::move(node));
 }
 
 bool Coordinator::failIfStranded(const std::string& key) {
@@ -159,11 +192,12 @@ std::vector<Response> Coordinator::takeReady() {
   std::vector<ReadyOp> ops;
   ops.reserve(ready_.size());
   for (const auto& key : ready_) {
-    auto it = table_.find(key);
-    Pending p = std::move(it->second);
-    table_.erase(it);  // first: a removal checks the table for the set's other ops
+    // Out of the table first: a removal checks the table for the set's other ops.
+    Table::node_type node = table_.extract(key);
+    Pending& p = node.mapped();
     if (timeline_ && timeline_->active()) traceNegotiated(p);
     ops.push_back(negotiate(p));
+    recycle(std::move(node));
   }
   ready_.clear();
   // All or none: if one member of a group is invalid, the whole group fails.

@@ -98,7 +98,14 @@ class Coordinator {
   int joined_count_ = 0;
   CoordinatorCache cache_;
   // Keyed by tableKey(process set, name), as are ready_ and groups_.
-  std::unordered_map<std::string, Pending> table_;
+  using Table = std::unordered_map<std::string, Pending>;
+  Table table_;
+  // Entries of negotiated ops, kept for new names (recycle()).
+  static constexpr size_t kSpareEntries = 64;
+  std::vector<Table::node_type> spare_;
+  std::vector<int> members_scratch_;  // a new entry's members, swapped in
+  Table::iterator insertPending(const std::string& key);
+  void recycle(Table::node_type node);
   std::vector<std::string> ready_;  // keys in the order they completed
   // Grouped keys every rank submitted, held until the whole group has.
   std::unordered_map<std::string, std::vector<std::string>> groups_;

@@ -693,8 +693,9 @@ void Engine::takeSubmissions() {
     fresh.swap(queue_);
   }
   if (fresh.empty()) return;
-  std::vector<Arrival> arrivals;
-  arrivals.reserve(fresh.size());
+  std::vector<Arrival>& arrivals = arrivals_;  // keeps its capacity
+  arrivals.clear();  // after a throw
+  own_requests_.clear();
   for (Entry& e : fresh) {
     const std::string& name = e.request.name;
     const std::string key = tableKey(e.request.process_set, name);
@@ -721,8 +722,9 @@ void Engine::takeSubmissions() {
                            e.request.type != OpType::kRemoveProcessSet;
     a.cache_id = cacheable ? rank_cache_.lookup(key, e.request) : -1;
     if (e.request.type == OpType::kJoin) joined_ = true;
-    // A worker sends a cached op's slot alone; rank 0's coordinator names it.
-    if (a.cache_id < 0 || coordinator_) a.request = e.request;
+    // A cached op goes as its slot alone: rank 0's coordinator reads the
+    // request from the slot.
+    if (a.cache_id < 0) a.request = e.request;
     // A host-staged input is being copied from the GPU: every read below and
     // in the executor needs it complete.
     if (e.ready && e.request.plane != Plane::kDevice) {
@@ -753,33 +755,43 @@ void Engine::takeSubmissions() {
       e.inline_traffic = traffic;
       inline_in_flight_ += traffic;
     }
+    PendingTable::iterator added;
+    if (spare_pending_.empty()) {
+      added = pending_.emplace(key, std::move(e)).first;
+    } else {
+      PendingTable::node_type node = std::move(spare_pending_.back());
+      spare_pending_.pop_back();
+      node.key() = key;
+      node.mapped() = std::move(e);
+      added = pending_.insert(std::move(node)).position;
+    }
+    own_requests_.push_back(&added->second.request);
     arrivals.push_back(std::move(a));
-    pending_.emplace(key, std::move(e));
   }
   fresh.clear();
   if (coordinator_) {
-    for (auto& a : arrivals) arrive(std::move(a));
-    dispatch(coordinator_->takeReady());
+    for (size_t i = 0; i < arrivals.size(); ++i) arrive(std::move(arrivals[i]), own_requests_[i]);
   } else if (!arrivals.empty()) {
     to_coordinator_->send(encodeArrivals(arrivals));
   }
+  arrivals.clear();
+  own_requests_.clear();
+  if (coordinator_) dispatch(coordinator_->takeReady());
 }
 
-void Engine::arrive(Arrival a) {
+void Engine::arrive(Arrival a, const Request* own) {
   if (a.cache_id < 0 && a.request.type == OpType::kJoin) {
     coordinator_->join(a.rank);
     return;
   }
   const int rank = a.rank;
-  const std::string name = a.request.name;
-  const int32_t a_process_set = a.request.process_set;
   std::string error = coordinator_->add(std::move(a));
   if (error.empty()) return;
-  if (rank != topology_.rank) throw std::runtime_error("rank " + std::to_string(rank) + ": " + error);
+  if (own == nullptr) throw std::runtime_error("rank " + std::to_string(rank) + ": " + error);
   Response r;
   r.kind = Response::kError;
-  r.names = {name};
-  r.process_set = a_process_set;
+  r.names = {own->name};
+  r.process_set = own->process_set;
   r.cache_ids = {-1};
   r.error = error;
   run(r);
@@ -811,7 +823,7 @@ void Engine::readWorkers() {
           const char* p = r.getBytes(&len);
           a.inline_data.assign(p, len);
         }
-        arrive(std::move(a));
+        arrive(std::move(a), nullptr);
       }
     }
     if (!open) {
@@ -965,12 +977,16 @@ void Engine::run(const Response& response) {
   SetRuntime& rt = set->second;  // a reference stays valid if openProcessSet rehashes
   std::vector<Entry*> entries;
   entries.reserve(response.names.size());
+  // Each entry's place in pending_ (end() for a phantom): its key, its removal.
+  std::vector<PendingTable::iterator>& places = run_places_;
+  places.clear();
   std::vector<Entry> phantoms;  // reserved: entries points into it
   if (joined_) phantoms.reserve(response.names.size());
   Executor* executor = nullptr;
   for (size_t i = 0; i < response.names.size(); ++i) {
     const std::string& name = response.names[i];
     auto it = pending_.find(tableKey(response.process_set, name));
+    places.push_back(it);
     if (it != pending_.end()) {
       entries.push_back(&it->second);
     } else if (joined_ && response.kind != Response::kExecute) {
@@ -1065,10 +1081,11 @@ void Engine::run(const Response& response) {
   }
   for (size_t i = 0; i < entries.size(); ++i) {
     Entry* e = entries[i];
-    const std::string key = tableKey(response.process_set, response.names[i]);
+    const auto place = places[i];
+    if (place == pending_.end()) continue;  // a phantom: nobody waits for it
     if (status.ok() && i < response.cache_ids.size() && response.cache_ids[i] >= 0 &&
         config_.cache_capacity > 0) {
-      rank_cache_.remember(key, e->request, response.cache_ids[i]);
+      rank_cache_.remember(place->first, e->request, response.cache_ids[i]);
     }
     inline_in_flight_ -= e->inline_traffic;
     // Our references to the tensors go first: a caller woken by complete()
@@ -1076,7 +1093,13 @@ void Engine::run(const Response& response) {
     e->keep_alive.reset();
     e->allocate = nullptr;
     e->work->complete(status);
-    pending_.erase(key);
+    // The node (and its key's buffer) serves a later submission; the entry
+    // itself goes now, as erase() would.
+    PendingTable::node_type node = pending_.extract(place);
+    if (spare_pending_.size() < kSparePending) {
+      node.mapped() = Entry();
+      spare_pending_.push_back(std::move(node));
+    }
   }
 }
 

@@ -139,7 +139,9 @@ class Engine {
   struct SetRuntime;
   // The set's executor for `plane`; a device plane is made on first use.
   Executor& executorFor(int32_t id, SetRuntime& rt, Plane plane, int device);
-  void arrive(Arrival arrival);  // rank 0: hand one arrival to the coordinator
+  // Rank 0: hands one arrival to the coordinator; `own` is the request of
+  // this rank's own arrival (its error fails that entry), else null.
+  void arrive(Arrival arrival, const Request* own);
   std::string diagnosePeerFailure();
   std::string encodeArrivals(const std::vector<Arrival>& arrivals) const;
   // Rank 0: HOROVOD_TIMELINE and HOROVOD_AUTOTUNE at start().
@@ -200,7 +202,16 @@ class Engine {
 
   // State of whoever holds the baton (the background thread or a driver).
   std::vector<Entry> taken_;  // the queue, as takeSubmissions took it
-  std::unordered_map<std::string, Entry> pending_;  // by tableKey(process set, name)
+  using PendingTable = std::unordered_map<std::string, Entry>;
+  PendingTable pending_;  // by tableKey(process set, name)
+  // Completed entries' nodes, for new submissions (no node allocated per op).
+  static constexpr size_t kSparePending = 64;
+  std::vector<PendingTable::node_type> spare_pending_;
+  std::vector<PendingTable::iterator> run_places_;  // run()'s scratch
+  // takeSubmissions' scratch, kept for its capacity: the arrivals, and for
+  // each the request of its pending_ entry.
+  std::vector<Arrival> arrivals_;
+  std::vector<const Request*> own_requests_;
   size_t inline_in_flight_ = 0;  // inline traffic of pending_ (see takeSubmissions)
   RankCache rank_cache_;
   bool joined_ = false;  // this rank called join() and waits for the others

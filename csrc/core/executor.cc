@@ -80,9 +80,8 @@ void appendSpan(std::vector<Backend::Span>& spans, const Backend::Span& s, size_
 }
 
 // Every buffer of the entries, in order: a bundle's members, else the entry's.
-std::vector<Backend::Span> spansOf(const std::vector<Entry*>& entries, size_t elem) {
-  std::vector<Backend::Span> spans;
-  spans.reserve(entries.size());
+void spansOf(const std::vector<Entry*>& entries, size_t elem, std::vector<Backend::Span>& spans) {
+  spans.clear();
   for (Entry* e : entries) {
     if (!e->parts.empty()) {
       for (const Backend::Span& part : e->parts) appendSpan(spans, part, elem);
@@ -91,6 +90,11 @@ std::vector<Backend::Span> spansOf(const std::vector<Entry*>& entries, size_t el
                  elem);
     }
   }
+}
+
+std::vector<Backend::Span> spansOf(const std::vector<Entry*>& entries, size_t elem) {
+  std::vector<Backend::Span> spans;
+  spansOf(entries, elem, spans);
   return spans;
 }
 
@@ -169,7 +173,8 @@ void Executor::alltoall(const Response& response, Entry& e) {
 void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
   const Request& q = entries[0]->request;
   const size_t elem = dataTypeSize(q.dtype);
-  const std::vector<Backend::Span> spans = spansOf(entries, elem);
+  std::vector<Backend::Span>& spans = spans_;  // kept: no allocation per op
+  spansOf(entries, elem, spans);
   size_t total = 0;
   for (const auto& s : spans) total += s.count;
   const ReduceOp op = q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op;

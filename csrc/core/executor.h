@@ -60,6 +60,7 @@ class Executor {
   Timeline* timeline_ = nullptr;
   std::vector<std::string> rows_;
   std::string collective_;
+  std::vector<Backend::Span> spans_;  // allreduce's, kept for its capacity
 };
 
 }  // namespace hvd

@@ -24,6 +24,10 @@ bool sameGroup(const Request& a, const Request& b) {
 std::vector<Response> planFusion(std::vector<ReadyOp> ready, size_t threshold_bytes) {
   std::vector<Response> out;
   out.reserve(ready.size());
+  if (ready.size() == 1) {  // the common case of a lone op: nothing to fuse with
+    out.push_back(std::move(ready[0].response));
+    return out;
+  }
   std::vector<bool> taken(ready.size(), false);
   for (size_t i = 0; i < ready.size(); ++i) {
     if (taken[i]) continue;

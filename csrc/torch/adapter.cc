@@ -24,6 +24,10 @@ std::mutex handles_mu;
 thread_local bool t_waits_next = false;  // see SubmitThenWait
 std::unordered_map<int64_t, Pending> handles;
 int64_t next_handle = 1;
+// A blocking kernel's op, from its submission to its wait on this thread:
+// it skips the table's lock, node and lookups. Python never sees its handle.
+constexpr int64_t kThisThreadsOp = 0;
+thread_local Pending t_this_threads_op;
 
 // How an op's failure crosses to Python, decided by its kind, never by text
 // (hvd_torch/ops.py maps the types; docs/errors.md):
@@ -203,7 +207,10 @@ at::Tensor waitHandle(int64_t handle, Pending* finished) {
   Pending p;
   auto engine = currentEngine();
   const auto spin = engine ? engine->config().caller_spin : std::chrono::microseconds(0);
-  {
+  if (handle == kThisThreadsOp && t_this_threads_op.work) {
+    p = std::move(t_this_threads_op);
+    t_this_threads_op = Pending();
+  } else {
     std::lock_guard<std::mutex> lock(handles_mu);
     auto it = handles.find(handle);
     TORCH_CHECK_VALUE(it != handles.end(), "hvd_torch.synchronize: unknown handle ", handle,
@@ -224,6 +231,7 @@ at::Tensor waitHandle(int64_t handle, Pending* finished) {
 }
 
 void clearHandles() {
+  t_this_threads_op = Pending();
   std::lock_guard<std::mutex> lock(handles_mu);
   handles.clear();
 }
@@ -290,6 +298,10 @@ int64_t enqueue(Engine& engine, Entry e, Pending p, bool wake = true) {
     p.work = engine.enqueue(std::move(e), wake && !t_waits_next);
   } catch (const DuplicateName& dup) {
     TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());
+  }
+  if (t_waits_next && !t_this_threads_op.work) {
+    t_this_threads_op = std::move(p);
+    return kThisThreadsOp;
   }
   return addHandle(std::move(p));
 }
