@@ -49,8 +49,43 @@ def _rank_main():
     return res
 
 
-def _launch(nranks):
-    """One launch per rank count, shared by every test below."""
+def _rank_main_over_gloo():
+    import hvd_torch as hvd
+    from hvd_torch import _C
+
+    res = _rank_main()
+    res["backend"] = _C.backend_name(0)
+    # Blocks of several 1 MiB segments (the ring pipelines them), uneven across ranks.
+    res["large"] = hvd.reducescatter(_input(hvd.rank(), 5, 700_000, torch.float32), op=SUM,
+                                     name="large")
+    # The bytes a reduce-scatter moves, not an allreduce's twice as many: every rank sends
+    # (n - 1) / n of the tensor, all of it through loopback.
+    x = torch.ones(WIRE_BYTES // 4)
+    hvd.barrier()
+    before = _loopback_bytes_sent()
+    hvd.reducescatter(x, op=SUM, name="wire")
+    hvd.barrier()
+    res["wire"] = _loopback_bytes_sent() - before
+    return res
+
+
+WIRE_BYTES = 32 << 20
+
+
+def _loopback_bytes_sent():
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, fields = line.partition(":")
+            if name.strip() == "lo":
+                return int(fields.split()[8])  # transmitted bytes
+    raise AssertionError("no loopback interface in /proc/net/dev")
+
+
+def _launch(nranks, over_gloo=False):
+    """One launch per rank count (and data plane), shared by every test below."""
+    if over_gloo:  # Gloo's ring reduce-scatter for every size: no shared memory, nothing inline
+        env = {"HVD_TORCH_SHM": "0", "HVD_TORCH_INLINE_THRESHOLD": "0"}
+        return launch_once(_rank_main_over_gloo, nranks, timeout=180, env=env)
     return launch_once(_rank_main, nranks, timeout=180)
 
 
@@ -75,7 +110,25 @@ def _reference(size, rank, rows, cols, dtype, op, pre=1.0, post=1.0):
 
 @pytest.mark.parametrize("nranks", [1, 2, 3])
 def test_reducescatter_values(nranks):
-    for rank, res in enumerate(_launch(nranks)):
+    _check_values(_launch(nranks), nranks)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_reducescatter_values_over_gloo(nranks):
+    results = _launch(nranks, over_gloo=True)
+    assert all(res["backend"] == "gloo" for res in results), [res["backend"] for res in results]
+    _check_values(results, nranks)
+    for rank, res in enumerate(results):
+        want = _reference(nranks, rank, 5, 700_000, torch.float32, SUM)
+        assert torch.equal(res["large"].double(), want), rank
+    # Every rank sends (n - 1) / n of it: (n - 1) x the tensor in all, where an allreduce
+    # sends twice that. The margin covers the barriers and TCP headers.
+    sent = results[0]["wire"]
+    assert (nranks - 1) * WIRE_BYTES <= sent < 1.25 * (nranks - 1) * WIRE_BYTES, sent
+
+
+def _check_values(results, nranks):
+    for rank, res in enumerate(results):
         for dtype in DTYPES:
             for rows in ROWS:
                 for op in (SUM, AVERAGE):

@@ -60,8 +60,9 @@ class Backend {
                               ReduceOp /*op*/, double /*prescale*/, double /*postscale*/) {
     return false;
   }
-  // `in` holds counts[r] elements for each rank r, in rank order; `out`
-  // receives this rank's block reduced over all ranks, scaled as above.
+  // Offered by any backend that has it (not only direct ones): `in` holds
+  // counts[r] elements for each rank r, in rank order; `out` receives this
+  // rank's block reduced over all ranks, scaled as above.
   virtual bool reducescatter(const void* /*in*/, void* /*out*/,
                              const std::vector<size_t>& /*counts*/, DataType /*dtype*/,
                              ReduceOp /*op*/, double /*prescale*/, double /*postscale*/) {

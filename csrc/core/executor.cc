@@ -124,7 +124,7 @@ void Executor::reducescatter(Entry& e, int divisor) {
   const RowSlice mine = reducescatterSlice(q.shape[0], size_, rank_);
   const size_t row_bytes = static_cast<size_t>(q.rowElements()) * dataTypeSize(q.dtype);
   char* out = static_cast<char*>(e.allocate(mine.rows));
-  if (backend_ != nullptr && n > 0 && backend_->directForms()) {
+  if (backend_ != nullptr && n > 0) {
     std::vector<size_t> counts(size_);
     for (int r = 0; r < size_; ++r) {
       counts[r] = static_cast<size_t>(reducescatterSlice(q.shape[0], size_, r).rows *
@@ -132,9 +132,9 @@ void Executor::reducescatter(Entry& e, int divisor) {
     }
     if (backend_->reducescatter(e.input, out, counts, q.dtype, op, q.prescale, post)) return;
   }
-  // No direct form (Gloo 0.5 has no reduce-scatter for arbitrary counts):
-  // reduce the whole tensor, then keep this rank's rows, which moves twice
-  // the bytes of a reduce-scatter.
+  // A backend without a reduce-scatter (hierarchical, across hosts): reduce
+  // the whole tensor, then keep this rank's rows, which moves twice the
+  // bytes of a reduce-scatter.
   const size_t bytes = q.numBytes();
   char* buf = static_cast<char*>(memory_->scratch(bytes));
   memory_->copy(buf, e.input, bytes);

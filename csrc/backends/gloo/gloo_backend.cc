@@ -8,6 +8,12 @@
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
 
 #include "../../core/address.h"
 #include "../../core/reduce.h"
@@ -86,6 +92,75 @@ void GlooBackend::alltoallv(const void* in, const std::vector<int64_t>& send_cou
     opts.setOutput(static_cast<T*>(out), recv_counts);
     gloo::alltoallv(opts);
   });
+}
+
+bool GlooBackend::reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
+                                DataType dtype, ReduceOp op, double prescale, double postscale) {
+  // Rank r ends with block r. At step s a rank sends the next rank the block
+  // it finished at step s - 1 (at first, its own input's) and adds the
+  // previous rank's partial of the next block to its own input's: after
+  // n - 1 steps that block, its own, holds every rank's contribution. Each
+  // block moves in segments, so that adding one overlaps receiving the next.
+  const int n = context_->size;
+  const int me = context_->rank;
+  const size_t elem = dataTypeSize(dtype);
+  std::vector<size_t> first(n + 1, 0);  // block r: elements [first[r], first[r + 1])
+  for (int r = 0; r < n; ++r) first[r + 1] = first[r] + counts[r];
+  const size_t bytes = first[n] * elem;
+  const char* input = static_cast<const char*>(in);
+  if (prescale != 1.0) {  // every contribution is scaled before it is added
+    scaled_.resize(bytes);
+    std::memcpy(scaled_.data(), in, bytes);
+    scaleBuffer(scaled_.data(), first[n], dtype, prescale);
+    input = scaled_.data();
+  }
+  if (n > 2) partial_.resize(bytes);  // the blocks this rank adds to and passes on
+  const size_t segment = std::max<size_t>(kSegmentBytes / elem, 1);  // elements
+  received_.resize(2 * std::min(segment, *std::max_element(counts.begin(), counts.end())) * elem);
+  const size_t half = received_.size() / 2;
+  auto from_input = context_->createUnboundBuffer(const_cast<char*>(input), bytes);
+  auto from_partial = context_->createUnboundBuffer(partial_.data(), bytes);
+  std::unique_ptr<gloo::transport::UnboundBuffer> landing[2] = {
+      context_->createUnboundBuffer(received_.data(), half),
+      context_->createUnboundBuffer(received_.data() + half, half)};
+  constexpr uint8_t kReducescatterSlotPrefix = 0x40;  // none of Gloo's own prefixes
+  const uint64_t slot = gloo::Slot::build(kReducescatterSlotPrefix, next_tag_++);
+  const ReduceFn reduce = reduceFunction(dtype, op);
+  const auto timeout = context_->getTimeout();
+  const int next = (me + 1) % n;
+  const int prev = (me + n - 1) % n;
+  auto check = [&](bool ok, const char* what, int peer) {
+    if (!ok)
+      throw std::runtime_error(std::string("gloo reducescatter: ") + what + " rank " +
+                               std::to_string(peer) + " aborted");
+  };
+  for (int s = 0; s < n - 1; ++s) {
+    const int out_block = (me - 1 - s + 2 * n) % n;
+    const int in_block = (me - 2 - s + 2 * n) % n;  // == me at the last step
+    // Segments are sent, and received, in order: Gloo matches a slot's
+    // messages between two ranks first in, first out.
+    auto& sender = s == 0 ? from_input : from_partial;
+    size_t sends = 0;
+    for (size_t at = 0; at < counts[out_block]; at += segment, ++sends) {
+      const size_t count = std::min(segment, counts[out_block] - at);
+      sender->send(next, slot, (first[out_block] + at) * elem, count * elem);
+    }
+    char* sum = s == n - 2 ? static_cast<char*>(out) : partial_.data() + first[in_block] * elem;
+    const char* mine = input + first[in_block] * elem;
+    const size_t total = counts[in_block];
+    if (total > 0) landing[0]->recv(prev, slot, 0, std::min(segment, total) * elem);
+    for (size_t at = 0, k = 0; at < total; at += segment, ++k) {
+      const size_t count = std::min(segment, total - at);
+      if (at + segment < total)  // the next segment lands in the other half meanwhile
+        landing[(k + 1) % 2]->recv(prev, slot, 0, std::min(segment, total - at - segment) * elem);
+      check(landing[k % 2]->waitRecv(timeout), "receive from", prev);
+      reduce(sum + at * elem, mine + at * elem, received_.data() + (k % 2) * half, count);
+    }
+    for (size_t i = 0; i < sends; ++i) check(sender->waitSend(timeout), "send to", next);
+  }
+  if (n == 1) std::memcpy(out, input, bytes);
+  scaleBuffer(out, counts[me], dtype, postscale);
+  return true;
 }
 
 void GlooBackend::barrier() {

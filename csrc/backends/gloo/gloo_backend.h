@@ -6,7 +6,9 @@
 // engine's background thread.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "../../core/backend.h"
 
@@ -32,9 +34,21 @@ class GlooBackend : public Backend {
   void alltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
                  const std::vector<int64_t>& recv_counts, DataType dtype) override;
   void barrier() override;
+  // A ring reduce-scatter over Gloo's point-to-point buffers: each rank
+  // sends and receives (n-1)/n of the tensor, half of what an allreduce
+  // moves (Gloo 0.5 has no reduce-scatter for arbitrary counts).
+  bool reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
+                     DataType dtype, ReduceOp op, double prescale, double postscale) override;
 
  private:
   std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint32_t next_tag_ = 0;  // every rank runs the same ops in the same order
+  // reducescatter's buffers, kept for their capacity: the prescaled input,
+  // the partial sums passed on, two landing halves for received segments.
+  static constexpr size_t kSegmentBytes = 4 << 20;
+  std::vector<char> scaled_;
+  std::vector<char> partial_;
+  std::vector<char> received_;
 };
 
 std::unique_ptr<Backend> makeGlooBackend(const Topology& topology, const EngineConfig& config,
