@@ -117,6 +117,42 @@ def test_every_op_and_dtype_across_hosts_hierarchical(hosts):
     assert out == [len(DTYPES)] * len(hosts)
 
 
+def _reducescatter_across_hosts(hosts):
+    import torch
+
+    import hvd_torch as hvd
+    from hvd_torch import _C
+
+    os.environ["HOROVOD_HOSTNAME"] = hosts[int(os.environ["HOROVOD_RANK"])]
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    assert _C.backend_name() == "shm+gloo", _C.backend_name()
+    for name in ("float32", "float64", "int32", "bfloat16"):
+        dtype = getattr(torch, name)
+        for rows in (1, 7, 64):  # fewer rows than ranks, uneven, even
+            ins = [_rank_input(torch, dtype, r, rows * 5).reshape(rows, 5) for r in range(size)]
+            total = sum(t.to(torch.float64) for t in ins)
+            base, extra = divmod(rows, size)
+            start = rank * base + min(rank, extra)
+            mine = slice(start, start + base + (rank < extra))
+            got = hvd.reducescatter(ins[rank], op=hvd.Sum, name=f"rs.{name}.{rows}")
+            assert torch.equal(got.double(), total[mine]), (name, rows)
+            if dtype.is_floating_point:
+                got = hvd.reducescatter(ins[rank], op=hvd.Average, prescale_factor=2.0,
+                                        postscale_factor=0.5, name=f"rsa.{name}.{rows}")
+                assert torch.allclose(got.double(), total[mine] / size, rtol=1e-2), (name, rows)
+    hvd.shutdown()
+    return True
+
+
+@pytest.mark.parametrize("hosts", [["a", "a", "b", "b"], ["a", "b", "a"]])
+def test_reducescatter_across_hosts_hierarchical(hosts):
+    # Nothing inline (SMALL_SLOTS): every reducescatter runs the hierarchical plane's
+    # reduce-scatter, with scaling and row counts the every-op test does not try.
+    assert run_ranks(_reducescatter_across_hosts, len(hosts), args=(hosts,), env=SMALL_SLOTS,
+                     timeout=120) == [True] * len(hosts)
+
+
 def test_hierarchical_off_is_flat_gloo():
     env = dict(SMALL_SLOTS, HOROVOD_HIERARCHICAL_ALLREDUCE="0",
                HOROVOD_HIERARCHICAL_ALLGATHER="0")

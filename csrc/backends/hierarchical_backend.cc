@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
+
+#include "../core/reduce.h"
 
 namespace hvd {
 
@@ -68,6 +71,50 @@ void HierarchicalBackend::allgatherv(const void* in, void* out, const std::vecto
       at += counts[p];
     }
   }
+}
+
+bool HierarchicalBackend::reducescatter(const void* in, void* out,
+                                        const std::vector<size_t>& counts, DataType dtype,
+                                        ReduceOp op, double prescale, double postscale) {
+  if (!allreduce_split_) return all_->reducescatter(in, out, counts, dtype, op, prescale, postscale);
+  // Sum inside the host (memory only), reduce-scatter host segments between
+  // the leaders (each host's segment: its members' blocks), then the leader
+  // passes its segment to its host. Between hosts a leader sends (h-1)/h of
+  // the tensor, half of what the hierarchical allreduce's leaders send.
+  const size_t elem = dataTypeSize(dtype);
+  std::vector<size_t> first(counts.size(), 0);  // rank order
+  for (size_t r = 1; r < counts.size(); ++r) first[r] = first[r - 1] + counts[r - 1];
+  const size_t total = first.back() + counts.back();
+  std::vector<size_t> host_counts;
+  size_t host_first = 0, mine_in_segment = 0;
+  staging_.resize(total * elem);
+  char* staged = staging_.data();  // host-major order: host 0's members' blocks, then host 1's...
+  size_t at = 0;
+  for (size_t h = 0; h < layout_.members.size(); ++h) {
+    if (static_cast<int>(h) == host_) host_first = at;
+    size_t c = 0;
+    for (int p : layout_.members[h]) {
+      if (p == rank_) mine_in_segment = c;
+      std::memcpy(staged + at * elem, static_cast<const char*>(in) + first[p] * elem,
+                  counts[p] * elem);
+      at += counts[p];
+      c += counts[p];
+    }
+    host_counts.push_back(c);
+  }
+  scaleBuffer(staged, total, dtype, prescale);
+  if (local_) local_->allreduce(staged, total, dtype, op);
+  char* segment = staged + host_first * elem;
+  if (leaders_) {
+    std::vector<char> reduced(host_counts[host_] * elem);
+    if (!leaders_->reducescatter(staged, reduced.data(), host_counts, dtype, op, 1.0, 1.0))
+      throw std::runtime_error("reducescatter: the leaders' plane has no reduce-scatter");
+    if (!reduced.empty()) std::memcpy(segment, reduced.data(), reduced.size());
+  }
+  if (local_) local_->broadcast(segment, host_counts[host_], dtype, 0);
+  if (counts[rank_] > 0) std::memcpy(out, segment + mine_in_segment * elem, counts[rank_] * elem);
+  scaleBuffer(out, counts[rank_], dtype, postscale);
+  return true;
 }
 
 void HierarchicalBackend::broadcast(void* buf, size_t count, DataType dtype, int root) {

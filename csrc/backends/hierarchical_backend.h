@@ -8,6 +8,8 @@
 //   allgather: gather inside the host; leaders allgather host blocks; leaders
 //              broadcast inside the host; every rank reorders into rank order.
 //   broadcast: inside the root's host; between leaders; inside the others.
+//   reducescatter: reduce inside the host; leaders reduce-scatter host
+//              segments; leaders broadcast their segment inside the host.
 //
 // Each local group and the leaders run the same ops in the same order, since
 // every rank runs the same negotiated responses.
@@ -45,6 +47,8 @@ class HierarchicalBackend : public Backend {
   void alltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
                  const std::vector<int64_t>& recv_counts, DataType dtype) override;
   void barrier() override;
+  bool reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
+                     DataType dtype, ReduceOp op, double prescale, double postscale) override;
 
  private:
   HostLayout layout_;
@@ -55,7 +59,7 @@ class HierarchicalBackend : public Backend {
   std::unique_ptr<Backend> all_;
   bool allreduce_split_;
   bool allgather_split_;
-  std::vector<char> staging_;  // allgather's host-major result
+  std::vector<char> staging_;  // allgather's and reducescatter's host-major buffer
 };
 
 }  // namespace hvd
