@@ -1079,13 +1079,16 @@ void Engine::run(const Response& response) {
       changed = autotuner_->completed(response.names[i], entries[i]->request.numBytes(), now) || changed;
     if (changed) applyTunables(autotuner_->current());
   }
+  std::string phantom_key;
   for (size_t i = 0; i < entries.size(); ++i) {
     Entry* e = entries[i];
     const auto place = places[i];
-    if (place == pending_.end()) continue;  // a phantom: nobody waits for it
+    const bool phantom = place == pending_.end();
+    if (phantom) phantom_key = tableKey(response.process_set, response.names[i]);
     if (status.ok() && i < response.cache_ids.size() && response.cache_ids[i] >= 0 &&
         config_.cache_capacity > 0) {
-      rank_cache_.remember(place->first, e->request, response.cache_ids[i]);
+      rank_cache_.remember(phantom ? phantom_key : place->first, e->request,
+                           response.cache_ids[i]);
     }
     inline_in_flight_ -= e->inline_traffic;
     // Our references to the tensors go first: a caller woken by complete()
@@ -1093,6 +1096,7 @@ void Engine::run(const Response& response) {
     e->keep_alive.reset();
     e->allocate = nullptr;
     e->work->complete(status);
+    if (phantom) continue;
     // The node (and its key's buffer) serves a later submission; the entry
     // itself goes now, as erase() would.
     PendingTable::node_type node = pending_.extract(place);
