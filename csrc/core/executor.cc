@@ -132,9 +132,9 @@ void Executor::reducescatter(Entry& e, int divisor) {
     }
     if (backend_->reducescatter(e.input, out, counts, q.dtype, op, q.prescale, post)) return;
   }
-  // A backend without a reduce-scatter (hierarchical, across hosts): reduce
-  // the whole tensor, then keep this rank's rows, which moves twice the
-  // bytes of a reduce-scatter.
+  // A backend without a reduce-scatter (NCCL's, for now; every host plane
+  // has one): reduce the whole tensor, then keep this rank's rows, which
+  // moves twice the bytes of a reduce-scatter.
   const size_t bytes = q.numBytes();
   char* buf = static_cast<char*>(memory_->scratch(bytes));
   memory_->copy(buf, e.input, bytes);
