@@ -105,7 +105,6 @@ std::string Coordinator::add(Arrival arrival) {
     p.members.swap(members_scratch_);
     p.by_rank.resize(size_);
     p.arrived.assign(size_, false);
-    p.ready = false;
     p.first_arrival = std::chrono::steady_clock::now();
   }
   if (p.arrived[arrival.rank]) {

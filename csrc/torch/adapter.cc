@@ -208,8 +208,7 @@ at::Tensor waitHandle(int64_t handle, Pending* finished) {
   auto engine = currentEngine();
   const auto spin = engine ? engine->config().caller_spin : std::chrono::microseconds(0);
   if (handle == kThisThreadsOp && t_this_threads_op.work) {
-    p = std::move(t_this_threads_op);
-    t_this_threads_op = Pending();
+    p = std::move(t_this_threads_op);  // leaves its work null: the slot is free
   } else {
     std::lock_guard<std::mutex> lock(handles_mu);
     auto it = handles.find(handle);
