@@ -20,11 +20,40 @@ prepare() {
     mkdir -p "$CARRY"
     (cd "$CARRY" && apt-get download "${DEBS[@]}")
     ls -la "$CARRY"
+    # The device tool carries 64 MiB at most.
+    du -sh "$CARRY"
+}
+
+# One device call may run 600 s, and a session has about 15 minutes of device
+# time in all: every phase gets a bounded share of DEADLINE (seconds from the
+# start), the most important first, and each writes its log under $out as it
+# goes, so a call cut short still brings back what ran.
+DEADLINE=${DEADLINE:-570}
+
+left() { echo $((DEADLINE - SECONDS)); }
+
+# phase NAME CAP COMMAND...: runs COMMAND for at most CAP seconds (less if the
+# deadline is nearer), logs it to $out/NAME.log and records rc and time.
+phase() {
+    local name=$1 cap=$2 start=$SECONDS
+    shift 2
+    local limit=$(( cap < $(left) ? cap : $(left) ))
+    if (( $(left) < 20 )); then
+        echo "$name: skipped, $(left) s left" | tee -a "$out/summary.txt"
+        return 0
+    fi
+    echo "== $name (at most $limit s)"
+    local rc=0
+    timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
+    tail -15 "$out/$name.log"
+    echo "$name: rc $rc, $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+    return 0
 }
 
 run() {
-    local out=${OUT:-gpu-out}
+    out=${OUT:-gpu-out}
     mkdir -p "$out"
+    : >"$out/summary.txt"
     rm -rf /tmp/gloo && mkdir -p /tmp/gloo
     for deb in "$CARRY"/*.deb; do dpkg -x "$deb" /tmp/gloo; done
     export HVD_TORCH_GLOO_ROOT=/tmp/gloo
@@ -36,17 +65,25 @@ run() {
     nvidia-smi -L | tee "$out/device.txt"
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
         | tee -a "$out/device.txt"
-    local start=$SECONDS
     # In place, like `make setup`: the tests import hvd_torch from the checkout.
-    python3 setup.py build_ext --inplace >"$out/build.log" 2>&1 \
-        || { tail -50 "$out/build.log"; exit 1; }
-    echo "built in $((SECONDS - start)) s" | tee -a "$out/device.txt"
+    phase build 300 python3 setup.py build_ext --inplace
     python3 -c "import hvd_torch as hvd; print('cuda_built', hvd.cuda_built(), 'nccl_built', \
-hvd.nccl_built())" | tee -a "$out/device.txt"
-    set +e
-    python3 -m pytest -q --timeout=900 tests/test_cuda_ops.py tests/test_cuda_build.py \
-        tests/test_allreduce.py 2>&1 | tee "$out/tests.log" | tail -40
-    python3 bench/gpu_bench.py --json "$out/gpu_bench.json" 2>&1 | tee "$out/bench.log"
+hvd.nccl_built())" 2>&1 | tee -a "$out/device.txt" || true
+    local pytest=(python3 -m pytest -q -rfE --timeout=240 --durations=15 -p no:cacheprovider)
+    phase gpu-tests 240 "${pytest[@]}" --junitxml="$out/gpu-tests.xml" \
+        tests/test_cuda_ops.py tests/test_cuda_training.py tests/test_cuda_build.py
+    phase bench 180 python3 bench/gpu_bench.py --json "$out/gpu_bench.json"
+    phase digits-np1 60 python3 -m hvdrun -np 1 python3 examples/digits_train.py \
+        --device cuda --epochs 3 --no-resume --checkpoint "$out/digits1.pt"
+    phase digits-np2 60 python3 -m hvdrun -np 2 python3 examples/digits_train.py \
+        --device cuda --epochs 3 --no-resume --checkpoint "$out/digits2.pt"
+    phase synthetic 60 python3 -m hvdrun -np 1 python3 examples/synthetic_benchmark.py \
+        --device cuda --num-iters 3 --json "$out/synthetic.json"
+    # The CPU path of the CUDA build, with what time is left.
+    phase cpu-tests 600 "${pytest[@]}" tests/test_allreduce.py tests/test_errors.py \
+        tests/test_grouped.py tests/test_optimizer.py
+    rm -f "$out"/*.pt
+    cat "$out/summary.txt"
 }
 
 case "${1:-}" in
