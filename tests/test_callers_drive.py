@@ -148,3 +148,44 @@ def test_the_coordinator_serves_a_set_it_is_not_in_while_its_caller_is_idle():
     for res in results[1:]:
         assert res["ok"], res
         assert res["slowest"] < 0.3, res
+
+
+def _async_bursts(seconds):
+    """Bursts of async ops, each then synchronized in turn, for `seconds` (rank 0
+    decides when to stop); returns the slowest burst and whether every sum was right."""
+    import hvd_torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    n = hvd.size()
+    buf = torch.empty(100 * 8)
+    views = buf.split(8)
+    go, bursts, slowest, exact = torch.ones(1), 0, 0.0, True
+    end = time.monotonic() + seconds
+    while go.item():
+        buf.fill_(1.0)
+        start = time.monotonic()
+        handles = [hvd.allreduce_async_(v, name=f"burst.{i}", op=hvd.Sum)
+                   for i, v in enumerate(views)]
+        for h in handles:
+            hvd.synchronize(h)
+        slowest = max(slowest, time.monotonic() - start)
+        exact = exact and bool((buf == n).all())
+        bursts += 1
+        if bursts % 20 == 0:
+            go.fill_(float(time.monotonic() < end))
+            hvd.broadcast_(go, 0, name="burst.go")
+    hvd.shutdown()
+    return {"slowest": slowest, "bursts": bursts, "exact": exact}
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_driver_that_gives_up_never_leaves_the_engine_asleep(nranks):
+    # A 1 us caller spin makes drivers give up their wait for the baton all the
+    # time. One that gave up just as the engine thread handed it the engine
+    # used to leave that thread asleep on its one-second timer: a burst then
+    # took a second (about once every 2 s here). A burst takes milliseconds.
+    env = {"HVD_TORCH_CALLER_SPIN_US": "1", "HVD_TORCH_ENGINE_SPIN_US": "100"}
+    for res in run_ranks(_async_bursts, nranks, args=(10.0,), env=env, timeout=120):
+        assert res["exact"] and res["bursts"] > 100, res
+        assert res["slowest"] < 0.4, res

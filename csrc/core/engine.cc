@@ -474,6 +474,13 @@ void Engine::handOver(std::unique_lock<std::mutex>& baton, const std::vector<pol
   const bool prompt = actsOnOthersFrames();
   handed_over_.store(true);
   engine_sleeping_.store(true);  // others' submissions write the eventfd
+  if (drivers_waiting_.load() == 0) {
+    // The driver we would hand over to gave up meanwhile (drive()) and may
+    // have seen us awake, so nobody rings: keep the baton and run its op.
+    handed_over_.store(false);
+    engine_sleeping_.store(false);
+    return;
+  }
   baton.unlock();
   while (true) {
     // A driver in a long op (longer than the window) is not disturbed: it
@@ -550,7 +557,16 @@ bool Engine::drive(const Work& work) {
   while (!baton.try_lock()) {
     if (work.done() || std::chrono::steady_clock::now() >= deadline) {
       drivers_waiting_.fetch_sub(1);
-      wake();  // our submission skipped the wake-up; the background thread takes it
+      // The background thread takes our op (our submission skipped the
+      // wake-up). If it has handed the engine over to us, it sleeps until
+      // rung: ring it even when a wake-up is posted (wake() would not). The
+      // decrement and this load pair with handOver()'s store and check
+      // (seq_cst): either we see it asleep, or it sees nobody waiting.
+      if (engine_sleeping_.load()) {
+        ringWakeFd();
+      } else {
+        wake();
+      }
       return work.done();
     }
     sched_yield();
