@@ -235,13 +235,22 @@ def main(argv=None):
         raise SystemExit("gpu_bench: no CUDA GPU here")
     results = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    for name in (PARTS if args.part == "all" else [args.part]):
-        print(f"== {name}")
-        results[name] = PARTS[name](args)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=1)
+    failed = []
+    for name in (PARTS if args.part == "all" else [args.part]):
+        print(f"== {name}", flush=True)
+        # A GPU session is short: one part that fails must not lose the others.
+        try:
+            results[name] = PARTS[name](args)
+        except (Exception, SystemExit) as e:  # noqa: BLE001
+            failed.append(name)
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{name} failed: {type(e).__name__}: {e}", flush=True)
+        with open(args.json, "w") as f:  # after every part: a run cut short keeps what ran
+            json.dump(results, f, indent=1)
     print(f"wrote {args.json}")
+    if failed:
+        raise SystemExit(f"gpu_bench: {', '.join(failed)} failed")
 
 
 if __name__ == "__main__":
