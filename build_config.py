@@ -13,6 +13,7 @@ import glob
 import importlib.util
 import os
 import shutil
+import subprocess
 
 GLOO_ROOT_ENV = "HVD_TORCH_GLOO_ROOT"
 # Where scripts/setup.sh unpacks NCCL's headers for the compile-only check on a
@@ -95,3 +96,21 @@ def nccl_paths() -> Paths | None:
     # The wheel ships libnccl.so.2 without the unversioned link name.
     name = "nccl" if os.path.exists(os.path.join(lib, "libnccl.so")) else ":libnccl.so.2"
     return Paths([include], [lib], name)
+
+
+def private_libstdcxx(extension_path: str) -> list[str]:
+    """libstdc++ internals that a built extension defines itself (empty when healthy).
+
+    A compiler that finds only libstdc++'s static archive (the GPU machine's
+    /opt/gcc wrapper does) links a private copy of it into _C. That copy's
+    locale is never initialised, so the first error message that formats an
+    integer crashes the process (SIGSEGV in std::ostream::_M_insert<long>).
+    std::locale's own members are the mark: a healthy extension only uses them.
+    """
+    nm = shutil.which("nm")
+    if nm is None:
+        return []
+    run = subprocess.run([nm, "--defined-only", extension_path], capture_output=True, text=True,
+                         check=False)
+    names = (line.split()[-1] for line in run.stdout.splitlines() if line.strip())
+    return sorted(n for n in names if n.startswith("_ZNSt6locale"))

@@ -72,7 +72,7 @@ if torch is not None:
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from build_config import cuda_enabled, gloo_paths, nccl_paths  # noqa: E402
+from build_config import cuda_enabled, gloo_paths, nccl_paths, private_libstdcxx  # noqa: E402
 
 
 def sources(with_cuda):
@@ -155,10 +155,34 @@ def write_build_records(build_ext_cmd):
                 f.write(build_record(ext))
 
 
+def refuse_private_libstdcxx(build_ext_cmd):
+    """Fails the build, and removes what it built, when the compiler linked its own
+    copy of libstdc++ into the extension: that extension crashes at its first
+    error message (build_config.private_libstdcxx)."""
+    for ext in build_ext_cmd.extensions:
+        path = build_ext_cmd.get_ext_fullpath(ext.name)
+        found = private_libstdcxx(path) if os.path.exists(path) else []
+        if found:
+            # Both copies, so that nothing can import it: build/lib's and, in place, the tree's.
+            built = os.path.join(build_ext_cmd.build_lib, build_ext_cmd.get_ext_filename(ext.name))
+            for copy in {path, built}:
+                if os.path.exists(copy):
+                    os.remove(copy)
+            compiler = os.environ.get("CXX", "c++")
+            raise SystemExit(
+                f"hvd-torch: the compiler {compiler} linked a private copy of libstdc++ into "
+                f"{os.path.basename(path)} (it defines {found[0]}, among {len(found)} such "
+                "symbols): that copy is never initialised and the extension would crash at its "
+                "first error message. The compiler found only libstdc++'s static archive. "
+                "Build with a compiler that links the shared libstdc++, e.g. "
+                "CC=/usr/bin/gcc CXX=/usr/bin/g++ (docs/gpu.md, 'Building').")
+
+
 if torch is not None:
     class BuildWithRecord(BuildExtension.with_options(use_ninja=True)):
         def run(self):
             super().run()
+            refuse_private_libstdcxx(self)
             write_build_records(self)
 
     ext_modules, cmdclass = [extension()], {"build_ext": BuildWithRecord}

@@ -32,6 +32,7 @@ import argparse
 import copy
 import datetime
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -168,11 +169,14 @@ def make_runners(args, modes):
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         runners["hvd"] = runner(model, optimizer)
     if "ddp" in modes:
-        # forward_sync_buffers=False: hvd's optimizer does not synchronize BatchNorm's
-        # running statistics either, so both move the same bytes.
+        # No buffer sync in forward: hvd's optimizer does not synchronize BatchNorm's
+        # running statistics either, so both move the same bytes. torch >= 2.13
+        # names it forward_sync_buffers (broadcast_buffers is deprecated there).
         device_ids = [args.device] if args.device.type == "cuda" else None
-        model = nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=device_ids,
-                                                    forward_sync_buffers=False)
+        ddp = nn.parallel.DistributedDataParallel
+        no_sync = ("forward_sync_buffers" if "forward_sync_buffers"
+                   in inspect.signature(ddp.__init__).parameters else "broadcast_buffers")
+        model = ddp(copy.deepcopy(base), device_ids=device_ids, **{no_sync: False})
         if args.fp16_allreduce:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

@@ -8,19 +8,17 @@ runs the same tests on the CPU path: that checks the tests themselves on a
 machine without a GPU (the CPU path is proven by the other test files).
 """
 
-import os
-
 import pytest
 import torch
 
 try:
     from dist_harness import run_ranks
+    from gpu_device import DEVICE, needs_device
 except ImportError:  # tests/ imported as a package
     from tests.dist_harness import run_ranks
+    from tests.gpu_device import DEVICE, needs_device
 
-DEVICE = os.environ.get("HVD_TORCH_GPU_TESTS_ON", "cuda")
-pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU")
+pytestmark = needs_device
 TIMEOUT = 300
 RANKS = [1, 2]
 
