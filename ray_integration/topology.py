@@ -74,8 +74,13 @@ def visible_devices(slots: Sequence[Slot], gpu_ids: Sequence[Sequence[str]]) -> 
     finds its own at index hvd.local_rank(), the usual
     torch.cuda.set_device(hvd.local_rank()). Seeing its node peers' GPUs too is
     what lets CUDA peer-to-peer copies between local ranks work.
+
+    Workers that share a GPU (a fractional gpus_per_worker) list it once: one
+    device, one entry. There are then fewer GPUs than local ranks, and
+    hvd_torch picks local_rank % the visible count (docs/gpu.md).
     """
     per_node: dict[str, list[str]] = {}
     for slot in sorted(slots, key=lambda s: (s.node_id, s.local_rank)):
-        per_node.setdefault(slot.node_id, []).extend(str(g) for g in gpu_ids[slot.worker])
+        devices = per_node.setdefault(slot.node_id, [])
+        devices.extend(str(g) for g in gpu_ids[slot.worker] if str(g) not in devices)
     return [",".join(per_node[slot.node_id]) for slot in slots]

@@ -5,11 +5,12 @@
 #   bash scripts/gpu_session.sh run       # there (carry .gpu-carry): build, test, benchmark
 #
 # That machine has Python 3.12, a CUDA build of torch, nvcc, NCCL's wheel and
-# pytest, but no Debian Gloo and no network: `prepare` downloads Debian's
-# libgloo-dev and the libraries libgloo0 needs as .deb files; `run` unpacks them
-# with dpkg -x into /tmp/gloo (never into /), builds hvd_torch._C against the
-# machine's torch with HVD_TORCH_GLOO_ROOT=/tmp/gloo, runs the GPU tests and the
-# GPU benchmark, and writes logs and results under $OUT (or ./gpu-out).
+# pytest, but no Debian Gloo, no Ray and no network: `prepare` downloads Debian's
+# libgloo-dev and the libraries libgloo0 needs as .deb files, and Ray for
+# Python 3.12 trimmed to fit one call; `run` unpacks the .debs with dpkg -x into
+# /tmp/gloo (never into /) and Ray into /tmp/ray-site, builds hvd_torch._C
+# against the machine's torch with HVD_TORCH_GLOO_ROOT=/tmp/gloo, runs the GPU
+# tests and the GPU benchmark, and writes logs and results under $OUT (or ./gpu-out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,9 +20,30 @@ DEBS=(libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-
 prepare() {
     mkdir -p "$CARRY"
     (cd "$CARRY" && apt-get download "${DEBS[@]}")
+    prepare_ray
     ls -la "$CARRY"
     # The device tool carries 64 MiB at most.
     du -sh "$CARRY"
+}
+
+# Ray (the version scripts/setup.sh installs) and the one dependency the image
+# lacks, jsonschema, for Python 3.12, unpacked into one site folder. Ray's wheel
+# (75 MiB) is more than one call carries; without its Java jars, its
+# dashboard's web client and RLlib, which tests/test_ray_gpu.py never loads, it
+# packs into about 40 MB.
+prepare_ray() {
+    local version tmp
+    version=$(sed -n 's/.*"ray\[tune,client\]==\([0-9.]*\)".*/\1/p' scripts/setup.sh)
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux_2_28_x86_64 -d "$tmp" "ray==$version" jsonschema \
+        jsonschema-specifications referencing rpds-py
+    mkdir "$tmp/site"
+    for wheel in "$tmp"/*.whl; do unzip -qo "$wheel" -d "$tmp/site"; done
+    rm -rf "$tmp/site/ray/jars" "$tmp/site/ray/dashboard/client/build" "$tmp/site/ray/rllib"
+    tar -czf "$CARRY/ray-site.tgz" -C "$tmp/site" .
+    rm -rf "$tmp"
 }
 
 # One device call may run 600 s, and a session has about 15 minutes of device
@@ -64,6 +86,11 @@ run() {
     export LD_LIBRARY_PATH=/tmp/gloo/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
     # The examples and the benchmark's ranks import hvd_torch from the checkout.
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+    if [[ -f $CARRY/ray-site.tgz ]]; then
+        rm -rf /tmp/ray-site && mkdir -p /tmp/ray-site
+        tar -xzf "$CARRY/ray-site.tgz" -C /tmp/ray-site
+        export PYTHONPATH=$PYTHONPATH:/tmp/ray-site
+    fi
     export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
     # The image's CC/CXX name a wrapper (/opt/gcc) whose link finds only libstdc++'s
     # static archive; setup.py refuses such a build (docs/gpu.md, "Building").
@@ -93,7 +120,7 @@ hvd.nccl_built())" 2>&1 | tee -a "$work/device.txt" || true
     python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
     phase gpu-tests 220 "${pytest[@]}" "${workers[@]}" --junitxml="$work/gpu-tests.xml" \
         ${GPU_TESTS:-tests/test_cuda_ops.py tests/test_cuda_training.py \
-        tests/test_cuda_sets_join.py}
+        tests/test_cuda_sets_join.py tests/test_ray_gpu.py}
     phase bench 150 python3 bench/gpu_bench.py --json "$out/gpu_bench.json"
     phase digits-np1 45 python3 -m hvdrun -np 1 python3 examples/digits_train.py \
         --device cuda --epochs 3 --no-resume --checkpoint /tmp/digits1.pt

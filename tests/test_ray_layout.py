@@ -53,6 +53,13 @@ def test_visible_devices_are_rays_ids_in_local_rank_order():
         assert visible.split(",")[slot.local_rank] == gpu_ids[slot.worker][0]
 
 
+def test_workers_sharing_a_gpu_see_it_once():
+    # gpus_per_worker=0.5: workers 0 and 1 share GPU 2, workers 2 and 3 GPU 0.
+    slots = assign_ranks(["a", "a", "a", "a"])
+    devices = visible_devices(slots, [["2"], ["2"], ["0"], ["0"]])
+    assert devices == ["2,0"] * 4
+
+
 def test_plan_packs_one_bundle_per_worker():
     p = plan(3, None, 1, 2, 0)
     assert p.bundles == ({"CPU": 2},) * 3
