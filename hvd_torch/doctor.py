@@ -9,9 +9,9 @@ one, the machine's cores and network interfaces, then runs checks, each one line
              hint: what to do
 
 The checks: the build record matches the running torch (and the extension matches
-its record), no HOROVOD_* variable would be refused at init(), and an allreduce plus
-a broadcast on 1 and on 2 processes started through hvdrun on this machine
-(loop-back), each bounded in time. The last line is the verdict; the exit status is
+its record), no HOROVOD_* variable would be refused at init(), and an allreduce, a
+broadcast and an error message on 1 and on 2 processes started through hvdrun on
+this machine (loop-back), each bounded in time. The last line is the verdict; the exit status is
 0 when every check passed, 1 otherwise.
 
 With a stale build (the extension was compiled against another torch) the
@@ -47,6 +47,12 @@ total = hvd.allreduce(torch.full((1024,), float(r + 1)), op=hvd.Sum, name="docto
 assert torch.equal(total, torch.full((1024,), n * (n + 1) / 2.0)), total[:4]
 root = hvd.broadcast(torch.tensor([10.0 * r + 7.0]), root_rank=0, name="doctor.broadcast")
 assert root.item() == 7.0, root
+# An extension with a private libstdc++ cuts error messages short, or crashes here.
+try:
+    hvd.synchronize(987654)
+    raise AssertionError("synchronize() of an unknown handle did not raise")
+except ValueError as e:
+    assert "987654" in str(e), f"error messages come out cut short: {e}"
 plane = hvd._C.backend_name()
 print(f"doctor-ok rank {r} of {n}: allreduce {total[0].item():g} plane={plane}", flush=True)
 hvd.shutdown()
@@ -169,7 +175,7 @@ def _check_environment(report: Report) -> None:
 def _loopback(report: Report, nranks: int) -> None:
     command = [sys.executable, "-m", "hvdrun", "-np", str(nranks), "--start-timeout", "30",
                sys.executable, "-c", _LOOPBACK]
-    what = f"{nranks}-process allreduce and broadcast through hvdrun on this machine"
+    what = f"{nranks}-process allreduce, broadcast and error through hvdrun on this machine"
     start = time.monotonic()
     try:
         proc = subprocess.run(command, capture_output=True, text=True,
@@ -188,12 +194,18 @@ def _loopback(report: Report, nranks: int) -> None:
         planes = sorted(set(re.findall(r"plane=(\w+)", proc.stdout)))
         report.ok(f"{what} ({elapsed:.1f} s; data plane: {', '.join(planes)})")
         return
-    hint = ("the extension or the engine fails on its own: see the output below"
-            if nranks == 1 else
-            "one rank works but two cannot meet: check that local TCP connections on "
-            "127.0.0.1 work and that HOROVOD_GLOO_IFACE, if set, names an interface here")
+    output = proc.stdout + proc.stderr
+    if "error messages come out cut short" in output:
+        hint = ("the extension carries its own copy of libstdc++ (its compiler found only the "
+                "static archive): rebuild with CC=/usr/bin/gcc CXX=/usr/bin/g++ "
+                "(docs/gpu.md, 'Building')")
+    elif nranks == 1:
+        hint = "the extension or the engine fails on its own: see the output below"
+    else:
+        hint = ("one rank works but two cannot meet: check that local TCP connections on "
+                "127.0.0.1 work and that HOROVOD_GLOO_IFACE, if set, names an interface here")
     report.problem(f"{what}: exit status {proc.returncode}, {oks} of {nranks} ranks succeeded",
-                   hint + "\n" + _tail(proc.stdout + proc.stderr))
+                   hint + "\n" + _tail(output))
 
 
 def _tail(text: str, lines: int = 8) -> str:

@@ -47,8 +47,8 @@ def test_doctor_passes_on_this_installation():
     assert "    [X] Gloo" in out and "    [X] PyTorch" in out and "    [ ] MPI" in out, out
     assert re.search(r"\d+ CPU cores", out) and "interfaces: lo 127.0.0.1" in out, out
     assert "OK       the extension was built for the running torch" in out, out
-    assert re.search(r"OK       1-process allreduce and broadcast through hvdrun", out), out
-    assert re.search(r"OK       2-process allreduce and broadcast through hvdrun", out), out
+    assert re.search(r"OK       1-process allreduce, broadcast and error through hvdrun", out), out
+    assert re.search(r"OK       2-process allreduce, broadcast and error through hvdrun", out), out
     assert "PROBLEM" not in out, out
     assert out.rstrip().endswith("Verdict: OK: hvd-torch is built for this torch and runs "
                                  "collectives here"), out
