@@ -20,7 +20,7 @@ def _sparse(rank):
     idx = torch.tensor([[(rank + k) % 5 for k in range(rank + 1)] + [rank % 5],
                         [k % 3 for k in range(rank + 1)] + [0]])
     vals = torch.arange(1.0, rank + 3, dtype=torch.float64) * (rank + 1)
-    return torch.sparse_coo_tensor(idx, vals, (5, 3))
+    return torch.sparse_coo_tensor(idx, vals, (5, 3), check_invariants=True)
 
 
 def _train(hvd, sparse_as_dense):
