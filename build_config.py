@@ -103,8 +103,9 @@ def private_libstdcxx(extension_path: str) -> list[str]:
 
     A compiler that finds only libstdc++'s static archive (the GPU machine's
     /opt/gcc wrapper does) links a private copy of it into _C. That copy's
-    locale is never initialised, so the first error message that formats an
-    integer crashes the process (SIGSEGV in std::ostream::_M_insert<long>).
+    locale is never initialised: an error message that formats an integer is
+    cut short there, or crashes the process (SIGSEGV in
+    std::ostream::_M_insert<long> on the GPU machine).
     std::locale's own members are the mark: a healthy extension only uses them.
     """
     nm = shutil.which("nm")

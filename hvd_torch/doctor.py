@@ -11,8 +11,8 @@ one, the machine's cores and network interfaces, then runs checks, each one line
 The checks: the build record matches the running torch (and the extension matches
 its record), no HOROVOD_* variable would be refused at init(), and an allreduce, a
 broadcast and an error message on 1 and on 2 processes started through hvdrun on
-this machine (loop-back), each bounded in time. The last line is the verdict; the exit status is
-0 when every check passed, 1 otherwise.
+this machine (loop-back), each bounded in time. The last line is the verdict; the
+exit status is 0 when every check passed, 1 otherwise.
 
 With a stale build (the extension was compiled against another torch) the
 extension is never loaded: `import hvd_torch` hands over to this module before it
