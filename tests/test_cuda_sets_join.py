@@ -2,9 +2,10 @@
 
 Skipped without a GPU. One GPU means 1 rank runs through NCCL and 2 or 3 ranks
 share the GPU through the host-staged plane; process sets need 2 ranks or more
-(a set of every rank is the global set). `HVD_TORCH_GPU_TESTS_ON=cpu` runs the same rank code on the
-CPU path, which checks the tests themselves on a machine without a GPU. Every
-value is checked against numbers worked out here, not against another run.
+(a set of every rank is the global set). `HVD_TORCH_GPU_TESTS_ON=cpu` runs the
+same rank code on the CPU path, which checks the tests themselves on a machine
+without a GPU. Every value is checked against numbers worked out here, not
+against another run.
 """
 
 import os
@@ -82,13 +83,12 @@ def test_process_sets_join_and_autograd_on_the_gpu(nranks):
     results = run_ranks(_rank, nranks, args=(DEVICE,), timeout=TIMEOUT)
     n = nranks
     for r, res in enumerate(results):
-        for key, (value, device) in res.items():
+        for key, (_, device) in res.items():
             if device is not None:
                 assert device == DEVICE, (r, key, device)
-        t = torch.tensor
         want = {
             "grad.allreduce": torch.full((3,), float(n * (n + 1) // 2)),
-            "after": t([float(n)]),
+            "after": torch.tensor([float(n)]),
             "join.last": n - 1,
         }
         if n > 1 and r % 2 == 0:
