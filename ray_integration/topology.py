@@ -67,20 +67,32 @@ def assign_ranks(node_ids: Sequence[str]) -> list[Slot]:
 
 def visible_devices(slots: Sequence[Slot], gpu_ids: Sequence[Sequence[str]]) -> list[str]:
     """CUDA_VISIBLE_DEVICES for each slot (in the order given): every GPU Ray
-    assigned to the workers on the slot's node, in local-rank order.
+    assigned to the workers on the slot's node, each listed once, with the
+    worker's own first GPU at index local_rank % (GPUs on the node).
 
     gpu_ids[slot.worker] lists the GPU ids Ray assigned to that worker. The ids
-    stay Ray's (physical) ids, not renumbered from 0; a worker with one GPU then
-    finds its own at index hvd.local_rank(), the usual
-    torch.cuda.set_device(hvd.local_rank()). Seeing its node peers' GPUs too is
-    what lets CUDA peer-to-peer copies between local ranks work.
+    stay Ray's (physical) ids, not renumbered from 0. With one GPU per worker
+    the list is the node's GPUs in local-rank order, the same on every local
+    rank, and torch.cuda.set_device(hvd.local_rank()) picks the worker's own
+    (Horovod's convention). Seeing its node peers' GPUs too is what lets CUDA
+    peer-to-peer copies between local ranks work.
 
-    Workers that share a GPU (a fractional gpus_per_worker) list it once: one
-    device, one entry. There are then fewer GPUs than local ranks, and
-    hvd_torch picks local_rank % the visible count (docs/gpu.md).
+    With several GPUs per worker or a shared GPU (a fractional gpus_per_worker)
+    the node has more or fewer GPUs than local ranks. Each worker's list is
+    then rotated so that local_rank % count, the GPU hvd_torch uses for the
+    rank (hvd_torch/gpu.py), is the one Ray assigned it; its other GPUs follow.
     """
     per_node: dict[str, list[str]] = {}
     for slot in sorted(slots, key=lambda s: (s.node_id, s.local_rank)):
         devices = per_node.setdefault(slot.node_id, [])
         devices.extend(str(g) for g in gpu_ids[slot.worker] if str(g) not in devices)
-    return [",".join(per_node[slot.node_id]) for slot in slots]
+    return [",".join(_own_first(per_node[slot.node_id], gpu_ids[slot.worker], slot.local_rank))
+            for slot in slots]
+
+
+def _own_first(devices: list[str], own: Sequence[str], local_rank: int) -> list[str]:
+    """`devices` rotated so that own[0] sits at index local_rank % len(devices)."""
+    if not own or not devices:
+        return devices
+    shift = devices.index(str(own[0])) - local_rank % len(devices)
+    return devices[shift:] + devices[:shift]

@@ -199,6 +199,28 @@ def test_use_gpu_keeps_rays_gpu_ids_and_local_rank_indexes_them():
         assert visible[view["local_rank"]] == view["ray_ids"][0]
 
 
+@pytest.mark.parametrize("num_workers,gpus_per_worker", [(3, 0.5), (2, 2)])
+def test_use_gpu_with_shared_or_several_gpus_puts_its_own_at_local_rank(num_workers,
+                                                                        gpus_per_worker):
+    """With more or fewer GPUs than workers, index local_rank % count of each
+    worker's CUDA_VISIBLE_DEVICES (the GPU hvd_torch uses) is the one Ray gave it."""
+    executor = RayExecutor(_settings(), num_workers=num_workers, use_gpu=True,
+                           gpus_per_worker=gpus_per_worker)
+    executor.start()
+    try:
+        views = executor.run(_seed_fn_with_gpu_view)
+    finally:
+        executor.shutdown()
+    every_gpu = sorted({g for v in views for g in v["ray_ids"]})
+    for view in views:
+        own = view["ray_ids"]
+        assert len(own) == max(1, gpus_per_worker)
+        visible = view["visible"].split(",")
+        assert sorted(visible) == every_gpu  # each of the node's GPUs, once
+        at = view["local_rank"] % len(visible)
+        assert (visible + visible)[at:at + len(own)] == own
+
+
 def test_rank_environment_then_shutdown_and_start_again():
     executor = RayExecutor(_settings(), num_workers=2)
     executor.start(extra_env_vars={"MY_SETTING": 42})

@@ -53,11 +53,40 @@ def test_visible_devices_are_rays_ids_in_local_rank_order():
         assert visible.split(",")[slot.local_rank] == gpu_ids[slot.worker][0]
 
 
-def test_workers_sharing_a_gpu_see_it_once():
+def _device_hvd_uses(slot, visible):
+    """What hvd_torch/gpu.py picks: local_rank % the visible count."""
+    names = visible.split(",")
+    return names[slot.local_rank % len(names)]
+
+
+def test_workers_sharing_a_gpu_see_it_once_and_use_their_own():
     # gpus_per_worker=0.5: workers 0 and 1 share GPU 2, workers 2 and 3 GPU 0.
+    gpu_ids = [["2"], ["2"], ["0"], ["0"]]
     slots = assign_ranks(["a", "a", "a", "a"])
-    devices = visible_devices(slots, [["2"], ["2"], ["0"], ["0"]])
-    assert devices == ["2,0"] * 4
+    devices = visible_devices(slots, gpu_ids)
+    assert devices == ["2,0", "0,2", "0,2", "2,0"]
+    assert [_device_hvd_uses(s, d) for s, d in zip(slots, devices)] == ["2", "2", "0", "0"]
+
+
+def test_three_workers_on_two_gpus_use_their_own():
+    gpu_ids = [["5"], ["5"], ["7"]]  # Ray packed two on GPU 5, one on GPU 7
+    slots = assign_ranks(["a", "a", "a"])
+    devices = visible_devices(slots, gpu_ids)
+    assert all(sorted(d.split(",")) == ["5", "7"] for d in devices)
+    assert [_device_hvd_uses(s, d) for s, d in zip(slots, devices)] == ["5", "5", "7"]
+
+
+def test_workers_with_two_gpus_find_theirs_from_local_rank():
+    # gpus_per_worker=2 on nodes a and b.
+    gpu_ids = [["0", "1"], ["4", "5"], ["2", "3"], ["6", "7"]]
+    slots = assign_ranks(["a", "b", "a", "b"])
+    devices = visible_devices(slots, gpu_ids)
+    for slot, visible in zip(slots, devices):
+        names = visible.split(",")
+        at = slot.local_rank % len(names)
+        assert names[at:at + 2] == gpu_ids[slot.worker]  # both of its own, in order
+        node_gpus = {"a": ["0", "1", "2", "3"], "b": ["4", "5", "6", "7"]}[slot.node_id]
+        assert sorted(names) == node_gpus
 
 
 def test_plan_packs_one_bundle_per_worker():

@@ -34,7 +34,6 @@ class RunnerOptions:
     use_fp16: bool = False
     scheduler_step_freq: str | None = None
     add_dist_sampler: bool = True
-    gpus_per_worker: int = 1
     seed: int = 0
     elastic: bool = False
 
@@ -160,10 +159,10 @@ class OperatorRunner:
 def _device(options: RunnerOptions) -> torch.device:
     if not options.use_gpu:
         return torch.device("cpu")
-    # Static jobs: CUDA_VISIBLE_DEVICES lists the node's GPUs by local rank,
-    # so a worker's first GPU is local_rank * gpus_per_worker. Elastic workers
-    # see only their own GPUs (Ray's assignment), so theirs is 0.
-    index = 0 if options.elastic else hvd.local_rank() * options.gpus_per_worker
+    # The GPU hvd_torch uses for this rank (hvd_torch/gpu.py). Static jobs list
+    # the node's GPUs with the worker's own at that index (topology.py); elastic
+    # workers see only their own GPUs (Ray's assignment).
+    index = hvd.local_rank() % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
