@@ -9,9 +9,11 @@ What examples/digits_allreduce.py does by hand, this does the way Horovod's
 pytorch_imagenet_resnet50.py does, on scikit-learn's digits (nothing downloaded):
   - hvd.DistributedOptimizer averages the gradients: a hook per parameter starts
     its allreduce as soon as backward has produced it, and step() waits for them;
-  - the learning rate is the single-rank rate times hvd.size() (hvd.scale_lr: the
-    global batch is size times larger), reached by a linear warm-up over
-    --warmup-epochs (hvd.warmup_scheduler, stepped every batch);
+  - the learning rate is the single-rank rate times hvd.size() (the global batch
+    is size times larger), reached by a linear warm-up over --warmup-epochs
+    (hvd.warmup_scheduler, stepped every batch); with --use-adasum the ranks'
+    updates are combined by Adasum instead (op=hvd.Adasum) and the rate is not
+    scaled, as in Horovod's examples;
   - a DistributedSampler gives every rank its shard; set_epoch reshuffles it;
   - each rank scores its shard of the validation set and metric_average averages
     the accuracies over ranks;
@@ -81,6 +83,9 @@ def parse_args(argv=None, checkpoint=DEFAULT_CHECKPOINT, description=None):
                    help="cuda: each rank trains on GPU local_rank %% visible GPUs")
     p.add_argument("--logdir", default=None,
                    help="write TensorBoard scalars here (rank 0; needs tensorboard or tensorboardX)")
+    p.add_argument("--use-adasum", action="store_true",
+                   help="combine the ranks' updates with Adasum (op=hvd.Adasum), as Horovod's "
+                        "examples do; the rate is then not scaled by size()")
     p.add_argument(
         "--resume",
         action=argparse.BooleanOptionalAction,
@@ -162,10 +167,14 @@ def train_epoch(model, optimizer, scheduler, loader, sampler, epoch, args):
         loss = F.cross_entropy(model(x), y)
         loss.backward()  # each gradient's allreduce starts here, from its hook
         waited = time.perf_counter()
-        optimizer.synchronize()  # waits for the allreduces (Horovod's explicit form)
-        comm += time.perf_counter() - waited
-        with optimizer.skip_synchronize():
-            optimizer.step()  # applies the averaged gradients
+        if args.use_adasum:
+            optimizer.step()  # steps locally, then combines the ranks' updates
+            comm += time.perf_counter() - waited
+        else:
+            optimizer.synchronize()  # waits for the allreduces (Horovod's explicit form)
+            comm += time.perf_counter() - waited
+            with optimizer.skip_synchronize():
+                optimizer.step()  # applies the averaged gradients
         scheduler.step()  # per batch: the warm-up is linear in steps
         loss_sum += loss.item() * len(y)
         samples += len(y)
@@ -214,21 +223,25 @@ def train(args, prepare_model=None):
     model = DigitsNet().to(args.device)
     if prepare_model is not None:
         model = prepare_model(model)
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=hvd.scale_lr(args.lr), momentum=args.momentum
-    )
+    # Adasum adds independent updates and averages parallel ones: no rate scaling.
+    lr_scale = 1 if args.use_adasum else size
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * lr_scale,
+                                momentum=args.momentum)
     optimizer = hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(), op=hvd.Average
+        optimizer, named_parameters=model.named_parameters(),
+        op=hvd.Adasum if args.use_adasum else hvd.Average
     )
     sampler, train_loader, val_loader = make_loaders(args)
     # From args.lr on the first batch linearly to args.lr * size after the warm-up.
-    scheduler = hvd.warmup_scheduler(optimizer, args.warmup_epochs, len(train_loader), args.lr)
+    scheduler = hvd.warmup_scheduler(optimizer, args.warmup_epochs, len(train_loader), args.lr,
+                                     size=lr_scale)
     start_epoch = resume(args, model, optimizer, scheduler)
 
     log(
         f"{size} rank(s), {type(model).__name__}, {len(sampler.dataset)} training images, "
         f"{len(train_loader)} steps of {args.batch_size} per rank per epoch, "
-        f"lr {args.lr} x {size} after {args.warmup_epochs:g} warm-up epoch(s)"
+        f"lr {args.lr} x {lr_scale} after {args.warmup_epochs:g} warm-up epoch(s)"
+        + (", Adasum" if args.use_adasum else "")
     )
     if start_epoch > 0:
         log(f"resuming from epoch {start_epoch} (checkpoint {args.checkpoint})")

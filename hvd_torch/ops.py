@@ -12,7 +12,8 @@ import torch
 from torch.distributed import DistNetworkError
 
 from hvd_torch import _C
-from hvd_torch.basics import Average, Sum
+from hvd_torch import adasum
+from hvd_torch.basics import Adasum, Average, Sum
 from hvd_torch.compression import Compression
 from hvd_torch.exceptions import HorovodInternalError
 from hvd_torch.process_sets import global_process_set, process_set_id
@@ -114,6 +115,10 @@ def _allreduce_async(tensor, in_place, average, name, op, prescale_factor, posts
                      process_set):
     if op is None or average is not None:
         op = _resolve_op(average, op)
+    if op == Adasum:
+        result = adasum.allreduce(tensor, name, float(prescale_factor), float(postscale_factor),
+                                  process_set)
+        return adasum.Handle(tensor.copy_(result) if in_place else result)
     args = (name or "", op, float(prescale_factor), float(postscale_factor), process_set._id())
     try:
         handle = -1 if _is_compiling() else _eager_allreduce_async(tensor, in_place, *args)
@@ -145,6 +150,10 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         op = _resolve_op(average, op)
     compressed, ctx = (tensor, None) if compression is _no_compression else \
         compression.compress(tensor)
+    if op == Adasum:
+        out = adasum.allreduce(compressed, name, float(prescale_factor), float(postscale_factor),
+                               process_set)
+        return out if compression is _no_compression else compression.decompress(out, ctx)
     args = (name or "", op, float(prescale_factor), float(postscale_factor),
             process_set._id())
     try:
@@ -168,6 +177,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     """In-place allreduce; returns `tensor`."""
     if op is None or average is not None:
         op = _resolve_op(average, op)
+    if op == Adasum:
+        return tensor.copy_(adasum.allreduce(tensor, name, float(prescale_factor),
+                                             float(postscale_factor), process_set))
     args = (name or "", op, float(prescale_factor), float(postscale_factor), process_set._id())
     try:
         if _is_compiling() or not _eager_allreduce_(tensor, *args):
@@ -337,7 +349,7 @@ def poll(handle):
 
     if grouped.is_group_handle(handle):
         return grouped.poll_group(handle)
-    if isinstance(handle, _SparseHandle):
+    if isinstance(handle, (_SparseHandle, adasum.Handle)):
         return handle.poll()
     return _ops.poll(handle)
 
@@ -362,6 +374,8 @@ def _synchronize_other(handle):
         return grouped.synchronize_group(handle)
     if isinstance(handle, _SparseHandle):
         return handle()
+    if isinstance(handle, adasum.Handle):
+        return handle.result
     if handle in _alltoall_handles:
         _alltoall_handles.discard(handle)
         return _ops.synchronize_alltoall(handle)

@@ -474,8 +474,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             last pass. The result is the average over ranks of that local sum:
             scale each pass's loss by 1/passes to average over passes too.
             zero_grad() is refused between the passes.
-        op: Average (default) or Sum (or Min, Max, Product). Adasum is not
-            supported.
+        op: Average (default) or Sum (or Min, Max, Product). op=Adasum
+            combines each rank's parameter update instead of its gradient
+            (Horovod's delta optimizer: hvd_torch/adasum_optimizer.py);
+            synchronize() then has nothing to do, skip_synchronize() raises,
+            and gradient_predivide_factor is refused.
         gradient_predivide_factor: with op=Average, gradients are multiplied by
             1/f before the sum and by f/size after it (op Sum internally),
             which keeps low-precision sums in range.
@@ -493,15 +496,24 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         process_set: the ranks that average gradients together (default: all);
             every rank of the set must train with this optimizer.
     """
-    if isinstance(optimizer, _DistributedOptimizer):
+    from hvd_torch import adasum_optimizer
+
+    if isinstance(optimizer, (_DistributedOptimizer, adasum_optimizer._AdasumOptimizer)):
         raise ValueError("DistributedOptimizer: this optimizer is already a DistributedOptimizer")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer needs a torch.optim.Optimizer, got {optimizer!r}")
     if op is None:
         op = Average
     if op == Adasum:
-        raise ValueError("DistributedOptimizer: op=Adasum is not supported by hvd_torch; "
-                         "use op=Average or op=Sum")
+        if gradient_predivide_factor != 1.0:
+            raise ValueError("DistributedOptimizer: gradient_predivide_factor has no meaning with "
+                             "op=Adasum (the updates, not the gradients, are combined)")
+        _check_passes(backward_passes_per_step)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        names = _parameter_names(params, None if named_parameters is None
+                                 else list(named_parameters))
+        return adasum_optimizer.wrap(optimizer, names, compression, backward_passes_per_step,
+                                     process_set)
     if op not in (Average, Sum, Min, Max, Product):
         raise ValueError(f"DistributedOptimizer: unknown reduce op {op!r}")
     if gradient_predivide_factor != 1.0:

@@ -99,8 +99,8 @@ def _which_path_and_results():
         res["saved_overwritten"] = "modified by an inplace operation" in str(e)
 
     # A caller's mistake raises the same error either way.
-    res["errors"] = [_error_of(lambda: hvd.allreduce_(torch.ones(1), name="bad", op=2)),
-                     _error_of(lambda: torch.ops.hvd_torch.allreduce_(torch.ones(1), "bad", 2))]
+    res["errors"] = [_error_of(lambda: hvd.allreduce_(torch.ones(1), name="bad", op=7)),
+                     _error_of(lambda: torch.ops.hvd_torch.allreduce_(torch.ones(1), "bad", 7))]
     hvd.shutdown()
     return res
 
@@ -193,8 +193,8 @@ def _async_paths_and_results():
 
     # A caller's mistake raises the same error either way.
     res["errors"] = [
-        (_error_of(lambda: hvd.allreduce_async_(torch.ones(1), name="a.bad", op=2)),
-         _error_of(lambda: torch.ops.hvd_torch.allreduce_async_(torch.ones(1), "a.bad", 2))),
+        (_error_of(lambda: hvd.allreduce_async_(torch.ones(1), name="a.bad", op=7)),
+         _error_of(lambda: torch.ops.hvd_torch.allreduce_async_(torch.ones(1), "a.bad", 7))),
         (_error_of(lambda: hvd.synchronize(10**9)),
          _error_of(lambda: torch.ops.hvd_torch.synchronize(10**9))),
         (_error_of(lambda: hvd.poll(10**9)), _error_of(lambda: torch.ops.hvd_torch.poll(10**9))),

@@ -42,7 +42,7 @@ def _rank_main():
         "root.range": lambda: hvd.broadcast(torch.ones(1), n, name="bad.root"),
         "root.negative": lambda: hvd.broadcast(torch.ones(1), -1, name="bad.root2"),
         "dtype": lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64), name="cplx"),
-        "op": lambda: hvd.allreduce(torch.ones(2), name="adasum", op=hvd.Adasum),
+        "op": lambda: hvd.allreduce(torch.ones(2), name="badop", op=7),
         "not.member": lambda: hvd.allreduce(torch.ones(1), process_set=solo),
     }
     res = {}
@@ -74,7 +74,7 @@ def test_callers_mistakes_are_valueerror_at_once(nranks):
         "root.range": f"root_rank {nranks} is out of range for {nranks} ranks",
         "root.negative": f"root_rank -1 is out of range for {nranks} ranks",
         "dtype": "unsupported dtype",
-        "op": "unsupported reduce op 2",
+        "op": "unsupported reduce op 7",
         "not.member": "is not in process set",
     }
     for rank, res in enumerate(_launch(nranks)):

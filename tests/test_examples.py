@@ -83,6 +83,17 @@ def test_digits_train_checkpoint_resume(tmp_path):
     assert fresh == resumed
 
 
+def test_digits_train_with_adasum(tmp_path):
+    """Horovod's --use-adasum: DistributedOptimizer(op=Adasum), the rate unscaled."""
+    lines, _, out = _digits("digits_train.py", tmp_path / "adasum.pt", "--epochs", "3",
+                            "--use-adasum")
+    assert any(line.rstrip().endswith("x 1 after 1 warm-up epoch(s), Adasum") for line in lines), \
+        out
+    epochs = _epochs(lines)
+    assert sorted(epochs) == [1, 2, 3], out
+    assert epochs[3] > 30 and epochs[3] > epochs[1], out  # chance is 10%
+
+
 def test_digits_train_scripted(tmp_path):
     lines, _, out = _digits("digits_train_scripted.py", tmp_path / "scripted.pt",
                             "--epochs", "2")

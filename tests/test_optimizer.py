@@ -371,7 +371,7 @@ def _misc(hvd):
         "duplicate": _error(lambda: wrap(named_parameters=[("w", p) for _, p in named])),
         "not_covering": _error(lambda: wrap(named_parameters=named[:-1])),
         "not_tuples": _error(lambda: wrap(named_parameters=[p for _, p in named])),
-        "adasum": _error(lambda: wrap(op=hvd.Adasum)),
+        "adasum": _error(lambda: wrap(op=hvd.Adasum, gradient_predivide_factor=2.0)),
         "predivide_sum": _error(lambda: wrap(op=hvd.Sum, gradient_predivide_factor=2.0)),
         "passes": _error(lambda: wrap(backward_passes_per_step=0)),
         "twice": _error(lambda: hvd.DistributedOptimizer(opt)),
@@ -637,7 +637,7 @@ def test_errors(nranks):
         assert "parameter #3 (shape [3])" in errors["not_covering"]
         assert errors["not_tuples"].startswith("ValueError: named_parameters should be a "
                                                "sequence of tuples")
-        assert errors["adasum"].startswith("ValueError") and "Adasum" in errors["adasum"]
+        assert errors["adasum"].startswith("ValueError") and "op=Adasum" in errors["adasum"]
         assert errors["predivide_sum"] == ("ValueError: gradient_predivide_factor not "
                                            "supported with op != Average")
         assert errors["passes"].startswith("ValueError: backward_passes_per_step must be")

@@ -108,8 +108,8 @@ void checkDevice(const at::Tensor& tensor, const char* op, const std::string& na
               "was False when hvd.init() ran)");
   TORCH_CHECK_VALUE(device == expected, "hvd_torch.", op, " '", name, "': tensor is on cuda:", device,
               ", but this rank's GPU is cuda:", expected,
-              " (local_rank modulo the visible GPUs); call torch.cuda.set_device(",
-              "hvd.local_rank()) and keep the model and its tensors on that device");
+              " (local_rank modulo the visible GPUs); call torch.cuda.set_device(hvd.local_rank() ",
+              "% torch.cuda.device_count()) and keep the model and its tensors on that device");
 }
 
 EngineInput prepareInput(const at::Tensor& tensor, DataType dtype, const char* op,

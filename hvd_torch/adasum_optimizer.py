@@ -1,0 +1,82 @@
+"""DistributedOptimizer(op=hvd.Adasum): Adasum of each rank's update, not of
+its gradient (Horovod's delta optimizer).
+
+Each rank steps the wrapped optimizer on its own gradients, from the same
+weights; the change each step made to a parameter (the delta) is combined over
+ranks with Adasum (hvd_torch/adasum.py), and every rank sets the parameter to
+its start plus that combined delta. So the optimizer's own arithmetic (Adam's
+moments, momentum, weight decay) applies to local gradients, and Adasum decides
+how much of each rank's step to keep. The optimizer state stays local, as in
+Horovod; the weights stay identical on every rank.
+
+Horovod steps each parameter from its gradient hook to overlap backward; here
+step() steps them all and then reduces each parameter's delta in parameter
+order. For optimizers that update each parameter on its own (SGD, Adam, ...)
+the numbers are the same.
+"""
+
+import contextlib
+
+import torch
+
+from hvd_torch import adasum
+from hvd_torch.compression import Compression
+
+_NO_SKIP = ("Skipping synchronization is not supported when using Adasum optimizer: "
+            "the update, not the gradient, is reduced, in step()")
+
+
+class _AdasumOptimizer:
+    """In front of the wrapped optimizer's class in the MRO, as
+    optimizer._DistributedOptimizer is, so super().step() is the original."""
+
+    def _hvd_adasum_init(self, parameter_names, compression, backward_passes_per_step,
+                         process_set):
+        self._parameter_names = parameter_names
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.process_set = process_set
+
+    def synchronize(self):
+        """Nothing to wait for: the deltas are reduced inside step()."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        raise AssertionError(_NO_SKIP)
+        yield  # pragma: no cover  (a generator, for contextmanager)
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        if not self.process_set.included():
+            super().step()  # outside the set: trains on its own, as in Horovod
+            return loss
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        with torch.no_grad():
+            start = [p.detach().clone() for p in params]
+            super().step()
+            for i, (p, begin) in enumerate(zip(params, start)):
+                delta = p.sub_(begin)  # p holds its delta until set below
+                compressed, ctx = self._compression.compress(delta)
+                name = f"allreduce.{self._parameter_names.get(p, f'adasum.added.{i}')}"
+                combined = adasum.reduce(compressed, name, 1.0, 1.0, self.process_set)
+                p.copy_(begin.add_(self._compression.decompress(combined, ctx)))
+        return loss
+
+
+_CLASSES = {}
+
+
+def wrap(optimizer, parameter_names, compression=Compression.none, backward_passes_per_step=1,
+         process_set=None):
+    """An Adasum-wrapped optimizer sharing `optimizer`'s param_groups, defaults
+    and state (see optimizer.DistributedOptimizer, which checks the arguments)."""
+    base = type(optimizer)
+    if base not in _CLASSES:
+        _CLASSES[base] = type(base.__name__, (_AdasumOptimizer, base),
+                              {"__module__": __name__, "__doc__": base.__doc__})
+    cls = _CLASSES[base]
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items()
+                             if k not in _AdasumOptimizer.__dict__})
+    wrapped._hvd_adasum_init(parameter_names, compression, backward_passes_per_step, process_set)
+    return wrapped

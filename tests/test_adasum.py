@@ -1,0 +1,274 @@
+"""op=hvd.Adasum on 1, 2, 3 and 4 ranks, against Adasum worked out here.
+
+3 ranks exercise the fold of a rank beyond the largest power of two; 4 ranks
+the two levels of the halving. Vectors have odd lengths so the halves differ.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dist_harness import launch_once  # noqa: E402
+
+RANKS = [1, 2, 3, 4]
+LENGTH = 1001
+
+
+def _vector(rank, length=LENGTH, seed=0):
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    return torch.randn(length, generator=g, dtype=torch.float64)
+
+
+def _pair(a, b):
+    """Adasum of two vectors, written out in float64."""
+    a, b = a.double(), b.double()
+    dot, aa, bb = a @ b, a @ a, b @ b
+    ca = 1 - dot / (2 * aa) if aa > 0 else 1.0
+    cb = 1 - dot / (2 * bb) if bb > 0 else 1.0
+    return ca * a + cb * b
+
+
+def _reference(vectors):
+    """Horovod's tree: 0 with 1, 2 with 3, then the pairs; rank p + i first
+    folded into rank i when the count is not a power of two."""
+    vs = [v.double() for v in vectors]
+    p = 1
+    while p * 2 <= len(vs):
+        p *= 2
+    for i in range(len(vs) - p):
+        vs[i] = _pair(vs[i], vs[p + i])
+    vs = vs[:p]
+    while len(vs) > 1:
+        vs = [_pair(vs[i], vs[i + 1]) for i in range(0, len(vs), 2)]
+    return vs[0]
+
+
+def _rank_main():
+    import hvd_torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    res = {}
+    v = _vector(r)
+    res["rand"] = hvd.allreduce(v, name="rand", op=hvd.Adasum)
+    res["rand.input_kept"] = torch.equal(v, _vector(r))
+    res["same"] = hvd.allreduce(torch.linspace(-1, 2, 7), name="same", op=hvd.Adasum)
+    onehot = torch.zeros(n + 3)
+    onehot[r] = r + 1.0
+    res["orthogonal"] = hvd.allreduce(onehot, name="orth", op=hvd.Adasum)
+    res["scaled"] = hvd.allreduce(v, name="scaled", op=hvd.Adasum, prescale_factor=0.5,
+                                  postscale_factor=3.0)
+    res["shaped"] = hvd.allreduce(v[:1000].reshape(10, 4, 25), name="shaped", op=hvd.Adasum)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        res[f"dtype.{dtype}"] = hvd.allreduce(v.to(dtype), name=f"d.{dtype}", op=hvd.Adasum)
+    res["fp16.compressed"] = hvd.allreduce(v.float(), name="comp", op=hvd.Adasum,
+                                           compression=hvd.Compression.fp16)
+    inplace = v.clone()
+    res["inplace.returned_self"] = hvd.allreduce_(inplace, name="inplace", op=hvd.Adasum) \
+        is inplace
+    res["inplace"] = inplace
+    handle = hvd.allreduce_async(v, name="async", op=hvd.Adasum)
+    res["async.poll"] = hvd.poll(handle)
+    res["async"] = hvd.synchronize(handle)
+    inplace_async = v.clone()
+    hvd.synchronize(hvd.allreduce_async_(inplace_async, name="async_", op=hvd.Adasum))
+    res["async_"] = inplace_async
+    res["unnamed"] = [hvd.allreduce(_vector(r, 5, seed=s), op=hvd.Adasum) for s in (1, 2)]
+    res["tiny"] = [hvd.allreduce(_vector(r, k), name=f"tiny.{k}", op=hvd.Adasum)
+                   for k in (0, 1, 3)]
+    res["zeros"] = hvd.allreduce(torch.zeros(5) if r % 2 else _vector(r, 5).float(),
+                                 name="zeros", op=hvd.Adasum)
+    # Autograd: the gradient is the Adasum of the incoming gradients.
+    x = _vector(r, 9).requires_grad_()
+    y = hvd.allreduce(x, name="grad", op=hvd.Adasum)
+    y.backward(_vector(r, 9, seed=3))
+    res["grad"] = x.grad
+    if n >= 3:
+        evens = hvd.add_process_set([0, 2])
+        if r in (0, 2):
+            res["set"] = hvd.allreduce(v, name="set", op=hvd.Adasum, process_set=evens)
+    try:
+        hvd.allreduce(torch.ones(3, dtype=torch.int32), name="ints", op=hvd.Adasum)
+        res["ints"] = None
+    except ValueError as e:
+        res["ints"] = str(e)
+    try:
+        torch.ops.hvd_torch.allreduce(torch.ones(2), "raw", hvd.Adasum, 1.0, 1.0, 0)
+        res["raw"] = None
+    except ValueError as e:
+        res["raw"] = str(e)
+    res["end"] = hvd.allreduce(torch.ones(1), name="end", op=hvd.Sum)
+    return res
+
+
+def _results(nranks):
+    return launch_once(_rank_main, nranks, timeout=180)
+
+
+def _close(got, want, tol=1e-10):
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert torch.allclose(got.double(), want.double(), rtol=tol, atol=tol), \
+        (got - want).abs().max()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nranks", RANKS)
+def test_adasum_is_the_tree_of_pairs(nranks):
+    results = _results(nranks)
+    want = _reference([_vector(r) for r in range(nranks)])
+    for r, res in enumerate(results):
+        assert res["rand"].dtype == torch.float64
+        _close(res["rand"], want)
+        assert res["rand.input_kept"]
+        _close(res["scaled"], 1.5 * want)  # Adasum(k a, k b) = k Adasum(a, b)
+        _close(res["inplace"], want)
+        assert res["inplace.returned_self"]
+        assert res["async.poll"] is True
+        _close(res["async"], want)
+        _close(res["async_"], want)
+        _close(res["shaped"], _reference([_vector(q)[:1000] for q in range(nranks)])
+               .reshape(10, 4, 25))
+        for s, got in zip((1, 2), res["unnamed"]):
+            _close(got, _reference([_vector(q, 5, seed=s) for q in range(nranks)]))
+        for k, got in zip((0, 1, 3), res["tiny"]):
+            _close(got, _reference([_vector(q, k) for q in range(nranks)]))
+        _close(res["grad"], _reference([_vector(q, 9, seed=3) for q in range(nranks)]))
+        assert res["end"].item() == nranks
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nranks", RANKS)
+def test_adasum_averages_equal_vectors_and_adds_orthogonal_ones(nranks):
+    for res in _results(nranks):
+        _close(res["same"], torch.linspace(-1, 2, 7), tol=1e-6)
+        assert res["same"].dtype == torch.float32
+        # Orthogonal: the plain sum, rank r's value at index r.
+        want = torch.zeros(nranks + 3)
+        want[:nranks] = torch.arange(1, nranks + 1, dtype=torch.float32)
+        _close(res["orthogonal"], want, tol=1e-6)
+        # A zero vector adds nothing and takes nothing away.
+        _close(res["zeros"], _reference([torch.zeros(5) if q % 2 else _vector(q, 5).float()
+                                         for q in range(nranks)]), tol=1e-6)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nranks", RANKS)
+def test_adasum_low_precision_dtypes_round_once(nranks):
+    for res in _results(nranks):
+        for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 1.6e-2),
+                           (torch.float32, 1e-6)):
+            got = res[f"dtype.{dtype}"]
+            assert got.dtype == dtype
+            want = _reference([_vector(q).to(dtype) for q in range(nranks)]).to(dtype)
+            # One rounding of the float32 result: within one unit in the last place.
+            assert torch.allclose(got.double(), want.double(), rtol=tol, atol=tol)
+        comp = res["fp16.compressed"]
+        assert comp.dtype == torch.float32
+        want = _reference([_vector(q).half() for q in range(nranks)])
+        assert torch.allclose(comp.double(), want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nranks", [3, 4])
+def test_adasum_over_a_process_set(nranks):
+    results = _results(nranks)
+    want = _reference([_vector(0), _vector(2)])
+    for r, res in enumerate(results):
+        if r in (0, 2):
+            _close(res["set"], want)
+        else:
+            assert "set" not in res
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_adasum_misuse_is_a_clear_valueerror(nranks):
+    for res in _results(nranks):
+        assert "'ints'" in res["ints"] and "floating-point" in res["ints"], res["ints"]
+        assert "int32" in res["ints"], res["ints"]
+        assert "unsupported reduce op 2" in res["raw"] and "eager" in res["raw"], res["raw"]
+
+
+# ---------------------------------------------------------------- optimizer
+
+STEPS, LR = 3, 0.05
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+
+
+def _loss(model, rank, step):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    x, y = torch.randn(8, 5, generator=g), torch.randn(8, 1, generator=g)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def _train_main():
+    import hvd_torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    res = {"is_adam": isinstance(opt, torch.optim.Adam)}
+    for step in range(STEPS):
+        opt.zero_grad()
+        _loss(model, hvd.rank(), step).backward()
+        opt.synchronize()  # nothing to wait for; allowed, as in Horovod
+        opt.step()
+    res["weights"] = [p.detach().clone() for p in model.parameters()]
+    try:
+        with opt.skip_synchronize():
+            pass
+        res["skip"] = None
+    except AssertionError as e:
+        res["skip"] = str(e)
+    return res
+
+
+def _simulated_weights(nranks):
+    """Each rank's Adam step from the common weights (its own Adam state),
+    the deltas combined by _reference, for STEPS steps."""
+    common = [p.detach().clone() for p in _model().parameters()]
+    states = [None] * nranks
+    for step in range(STEPS):
+        deltas = []
+        for r in range(nranks):
+            model = _model()
+            with torch.no_grad():
+                for p, c in zip(model.parameters(), common):
+                    p.copy_(c)
+            opt = torch.optim.Adam(model.parameters(), lr=LR)
+            if states[r] is not None:
+                opt.load_state_dict(states[r])
+            _loss(model, r, step).backward()
+            opt.step()
+            states[r] = opt.state_dict()
+            deltas.append([p.detach() - c for p, c in zip(model.parameters(), common)])
+        common = [c + _reference([d[i].reshape(-1) for d in deltas]).reshape(c.shape).float()
+                  for i, c in enumerate(common)]
+    return common
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_adasum_optimizer_combines_each_ranks_adam_update(nranks):
+    results = launch_once(_train_main, nranks, timeout=180)
+    want = _simulated_weights(nranks)
+    for res in results:
+        assert res["is_adam"]
+        for got, expected in zip(res["weights"], want):
+            assert torch.allclose(got, expected, rtol=1e-5, atol=1e-6), (got - expected).abs().max()
+        for got, first in zip(res["weights"], results[0]["weights"]):
+            assert torch.equal(got, first)  # identical weights on every rank
+        assert "not supported when using Adasum" in res["skip"], res["skip"]
+    if nranks > 1:  # the ranks' data differ, so Adasum is not any one rank's step
+        alone = _simulated_weights(1)
+        assert not all(torch.allclose(a, b) for a, b in zip(alone, want))
