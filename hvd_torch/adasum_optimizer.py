@@ -10,9 +10,9 @@ how much of each rank's step to keep. The optimizer state stays local, as in
 Horovod; the weights stay identical on every rank.
 
 Horovod steps each parameter from its gradient hook to overlap backward; here
-step() steps them all and then reduces each parameter's delta in parameter
-order. For optimizers that update each parameter on its own (SGD, Adam, ...)
-the numbers are the same.
+step() steps them all and then reduces every parameter's delta in one call
+(each its own Adasum, all through one set of collectives). For optimizers that
+update each parameter on its own (SGD, Adam, ...) the numbers are the same.
 """
 
 import contextlib
@@ -51,15 +51,21 @@ class _AdasumOptimizer:
             super().step()  # outside the set: trains on its own, as in Horovod
             return loss
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        if not params:
+            super().step()
+            return loss
         with torch.no_grad():
             start = [p.detach().clone() for p in params]
             super().step()
-            for i, (p, begin) in enumerate(zip(params, start)):
-                delta = p.sub_(begin)  # p holds its delta until set below
-                compressed, ctx = self._compression.compress(delta)
-                name = f"allreduce.{self._parameter_names.get(p, f'adasum.added.{i}')}"
-                combined = adasum.reduce(compressed, name, 1.0, 1.0, self.process_set)
-                p.copy_(begin.add_(self._compression.decompress(combined, ctx)))
+            # Each p holds its delta until set below; one Adasum call for all of
+            # them (each its own tree, one set of collectives).
+            compressed = [self._compression.compress(p.sub_(begin))
+                          for p, begin in zip(params, start)]
+            name = f"allreduce.{self._parameter_names.get(params[0], 'adasum')}.adasum_step"
+            combined = adasum.reduce_many([c for c, _ in compressed], name, 1.0, 1.0,
+                                          self.process_set)
+            for p, begin, delta, (_, ctx) in zip(params, start, combined, compressed):
+                p.copy_(begin.add_(self._compression.decompress(delta, ctx)))
         return loss
 
 

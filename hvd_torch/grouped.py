@@ -10,7 +10,8 @@ import itertools
 
 import torch
 
-from hvd_torch.basics import Average
+from hvd_torch import adasum
+from hvd_torch.basics import Adasum, Average
 from hvd_torch.compression import Compression
 from hvd_torch import _C
 from hvd_torch.ops import _is_compiling, _ps, _resolve_op, _translate_errors, global_process_set
@@ -49,6 +50,20 @@ def synchronize_group(handle):
     return outputs
 
 
+def _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
+    """The results of a grouped allreduce with op=Adasum (hvd_torch/adasum.py), or
+    None for any other op. Each tensor gets its own Adasum; one set of
+    collectives serves them all unless one needs a gradient."""
+    if _resolve_op(average, op) != Adasum:
+        return None
+    tensors = list(tensors)
+    args = (float(prescale_factor), float(postscale_factor), process_set)
+    base = adasum.base_name(name)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return [adasum.allreduce(t, f"{base}.{i}", *args) for i, t in enumerate(tensors)]
+    return adasum.reduce_many(tensors, base, *args)
+
+
 def _args(average, op, prescale_factor, postscale_factor, process_set):
     return (_resolve_op(average, op), float(prescale_factor), float(postscale_factor),
             _ps(process_set))
@@ -60,10 +75,12 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """Allreduces every tensor in `tensors` as one unit; returns the list of results."""
     compressed = [compression.compress(t) for t in tensors]
     inputs = [c for c, _ in compressed]
-    args = (name or "",) + _args(average, op, prescale_factor, postscale_factor, process_set)
-    outs = None if _is_compiling() else _C.eager_grouped_allreduce(inputs, *args)
+    outs = _adasum(inputs, average, name, op, prescale_factor, postscale_factor, process_set)
     if outs is None:
-        outs = _ops.grouped_allreduce(inputs, *args)
+        args = (name or "",) + _args(average, op, prescale_factor, postscale_factor, process_set)
+        outs = None if _is_compiling() else _C.eager_grouped_allreduce(inputs, *args)
+        if outs is None:
+            outs = _ops.grouped_allreduce(inputs, *args)
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
@@ -71,6 +88,11 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     """In-place grouped allreduce; returns `tensors`."""
+    outs = _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    if outs is not None:
+        for tensor, out in zip(tensors, outs):
+            tensor.copy_(out)
+        return tensors
     args = (name or "",) + _args(average, op, prescale_factor, postscale_factor, process_set)
     if _is_compiling() or not _C.eager_grouped_allreduce_(tensors, *args):
         _ops.grouped_allreduce_(list(tensors), *args)
@@ -80,6 +102,9 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 @_translate_errors
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
+    outs = _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    if outs is not None:
+        return adasum.Handle(outs)
     return _group_handle(_ops.grouped_allreduce_async(
         list(tensors), name or "", *_args(average, op, prescale_factor, postscale_factor,
                                           process_set)))
@@ -88,6 +113,11 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 @_translate_errors
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
+    outs = _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    if outs is not None:
+        for tensor, out in zip(tensors, outs):
+            tensor.copy_(out)
+        return adasum.Handle(list(tensors))
     return _group_handle(_ops.grouped_allreduce_async_(
         list(tensors), name or "", *_args(average, op, prescale_factor, postscale_factor,
                                           process_set)))

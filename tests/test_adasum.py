@@ -50,12 +50,20 @@ def _rank_main():
     import hvd_torch as hvd
 
     torch.set_num_threads(1)
+    res = {}
+    try:
+        hvd.allreduce(torch.ones(2), name="early", op=hvd.Adasum)
+        res["before_init"] = None
+    except ValueError as e:
+        res["before_init"] = str(e)
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    res = {}
     v = _vector(r)
     res["rand"] = hvd.allreduce(v, name="rand", op=hvd.Adasum)
     res["rand.input_kept"] = torch.equal(v, _vector(r))
+    res["rand.fresh"] = res["rand"].data_ptr() != v.data_ptr()
+    # Longer than the host's float64 chunk (adasum._CHUNK), in float32.
+    res["big"] = hvd.allreduce(_vector(r, 200_001).float(), name="big", op=hvd.Adasum)
     res["same"] = hvd.allreduce(torch.linspace(-1, 2, 7), name="same", op=hvd.Adasum)
     onehot = torch.zeros(n + 3)
     onehot[r] = r + 1.0
@@ -87,10 +95,28 @@ def _rank_main():
     y = hvd.allreduce(x, name="grad", op=hvd.Adasum)
     y.backward(_vector(r, 9, seed=3))
     res["grad"] = x.grad
+    # Grouped: each tensor its own Adasum (mixed dtypes, an empty one), one unit.
+    group = [_vector(r, 17), _vector(r, 4).float(), _vector(r, 0), _vector(r, 33, seed=4).half()]
+    res["grouped"] = hvd.grouped_allreduce(group, name="grp", op=hvd.Adasum)
+    copies = [t.clone() for t in group]
+    hvd.grouped_allreduce_(copies, name="grp_", op=hvd.Adasum)
+    res["grouped_"] = copies
+    res["grouped_async"] = hvd.synchronize(
+        hvd.grouped_allreduce_async(group, name="grp.async", op=hvd.Adasum))
+    xs = [_vector(r, 6).requires_grad_(), _vector(r, 3, seed=5).requires_grad_()]
+    ys = hvd.grouped_allreduce(xs, name="grp.grad", op=hvd.Adasum)
+    (ys[0] @ _vector(r, 6, seed=6) + ys[1] @ _vector(r, 3, seed=7)).backward()
+    res["grouped_grad"] = [x.grad for x in xs]
     if n >= 3:
         evens = hvd.add_process_set([0, 2])
         if r in (0, 2):
             res["set"] = hvd.allreduce(v, name="set", op=hvd.Adasum, process_set=evens)
+        elif r == 1:
+            try:
+                hvd.allreduce(v, name="set.outsider", op=hvd.Adasum, process_set=evens)
+                res["outsider"] = None
+            except ValueError as e:
+                res["outsider"] = str(e)
     try:
         hvd.allreduce(torch.ones(3, dtype=torch.int32), name="ints", op=hvd.Adasum)
         res["ints"] = None
@@ -123,7 +149,9 @@ def test_adasum_is_the_tree_of_pairs(nranks):
     for r, res in enumerate(results):
         assert res["rand"].dtype == torch.float64
         _close(res["rand"], want)
-        assert res["rand.input_kept"]
+        assert res["rand.input_kept"] and res["rand.fresh"]
+        _close(res["big"], _reference([_vector(q, 200_001).float() for q in range(nranks)]),
+               tol=1e-5)
         _close(res["scaled"], 1.5 * want)  # Adasum(k a, k b) = k Adasum(a, b)
         _close(res["inplace"], want)
         assert res["inplace.returned_self"]
@@ -173,6 +201,27 @@ def test_adasum_low_precision_dtypes_round_once(nranks):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("nranks", RANKS)
+def test_grouped_adasum_reduces_each_tensor_on_its_own(nranks):
+    def want(length, seed=0, dtype=torch.float64):
+        return _reference([_vector(q, length, seed=seed).to(dtype) for q in range(nranks)])
+
+    expected = [want(17), want(4, dtype=torch.float32), want(0),
+                want(33, seed=4, dtype=torch.float16)]
+    for res in _results(nranks):
+        for form in ("grouped", "grouped_", "grouped_async"):
+            got = res[form]
+            assert [t.dtype for t in got] == [torch.float64, torch.float32, torch.float64,
+                                              torch.float16], form
+            _close(got[0], expected[0])
+            _close(got[1], expected[1], tol=1e-5)
+            assert got[2].numel() == 0
+            assert torch.allclose(got[3].double(), expected[3], rtol=2e-3, atol=2e-3), form
+        _close(res["grouped_grad"][0], want(6, seed=6))
+        _close(res["grouped_grad"][1], want(3, seed=7))
+
+
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("nranks", [3, 4])
 def test_adasum_over_a_process_set(nranks):
     results = _results(nranks)
@@ -182,6 +231,8 @@ def test_adasum_over_a_process_set(nranks):
             _close(res["set"], want)
         else:
             assert "set" not in res
+        if r == 1:
+            assert "rank 1 is not in process set" in res["outsider"], res["outsider"]
 
 
 @pytest.mark.timeout(240)
@@ -191,6 +242,7 @@ def test_adasum_misuse_is_a_clear_valueerror(nranks):
         assert "'ints'" in res["ints"] and "floating-point" in res["ints"], res["ints"]
         assert "int32" in res["ints"], res["ints"]
         assert "unsupported reduce op 2" in res["raw"] and "eager" in res["raw"], res["raw"]
+        assert "before hvd_torch.init()" in res["before_init"], res["before_init"]
 
 
 # ---------------------------------------------------------------- optimizer
@@ -203,27 +255,31 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
 
 
-def _loss(model, rank, step):
+def _loss(model, rank, step, device="cpu"):
     g = torch.Generator().manual_seed(100 * step + rank)
     x, y = torch.randn(8, 5, generator=g), torch.randn(8, 1, generator=g)
-    return torch.nn.functional.mse_loss(model(x), y)
+    return torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
 
 
-def _train_main():
+def _train_main(device="cpu"):
+    """Also tests/test_cuda_adasum.py's, with device "cuda"."""
     import hvd_torch as hvd
 
     torch.set_num_threads(1)
     hvd.init()
-    model = _model()
+    if device == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+    model = _model().to(device)
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=LR),
                                    named_parameters=model.named_parameters(), op=hvd.Adasum)
     res = {"is_adam": isinstance(opt, torch.optim.Adam)}
     for step in range(STEPS):
         opt.zero_grad()
-        _loss(model, hvd.rank(), step).backward()
+        _loss(model, hvd.rank(), step, device).backward()
         opt.synchronize()  # nothing to wait for; allowed, as in Horovod
         opt.step()
-    res["weights"] = [p.detach().clone() for p in model.parameters()]
+    res["devices"] = {p.device.type for p in model.parameters()}
+    res["weights"] = [p.detach().cpu() for p in model.parameters()]
     try:
         with opt.skip_synchronize():
             pass
@@ -272,3 +328,18 @@ def test_adasum_optimizer_combines_each_ranks_adam_update(nranks):
     if nranks > 1:  # the ranks' data differ, so Adasum is not any one rank's step
         alone = _simulated_weights(1)
         assert not all(torch.allclose(a, b) for a, b in zip(alone, want))
+
+
+def test_device_and_host_coefficients_agree():
+    """_combine's tensor form (device tensors: no host wait) is the float form's
+    arithmetic, zero vectors included; the rank tests above run the float form."""
+    from hvd_torch.adasum import _combine, _pair_stats
+
+    a, b = _vector(0, 11), _vector(1, 11)
+    for x, y in ((a, b), (a, torch.zeros(11, dtype=torch.float64)), (torch.zeros(11), b.float()),
+                 (a, a)):
+        stats = _pair_stats(x, y)
+        on_device = _combine(x, y, stats)
+        on_host = _combine(x, y, stats.tolist())
+        torch.testing.assert_close(on_device, on_host, rtol=1e-12, atol=1e-12)
+        _close(on_host, _pair(x, y))

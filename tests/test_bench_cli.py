@@ -69,3 +69,18 @@ def test_bad_arguments_are_refused_before_any_rank_starts():
     assert code == 2 and "unknown op(s) gather" in out
     code, out = _run_bench("--many", "100by1K", timeout=30)
     assert code == 2 and "not KxS" in out
+
+
+def test_adasum_bench_runs_and_writes_its_table(tmp_path):
+    path = tmp_path / "adasum.json"
+    run = finish(spawn([sys.executable, str(ROOT / "bench" / "adasum_bench.py"), "-np", "2",
+                        "-b", "4K", "-e", "32K", "-r", "1", "--many", "3x1K",
+                        "--json", str(path)]), RUN_TIMEOUT)
+    assert run.code == 0, run.out + run.err
+    assert "torch/adasum" in run.out and "grouped Adasum" in run.out, run.out
+    result = json.loads(path.read_text())
+    assert result["ranks"] == 2
+    assert [row["bytes"] for row in result["rows"]] == [4096, 32768]
+    for row in result["rows"]:
+        assert all(row[k] > 0 for k in ("hvd adasum", "hvd average", "torch sum")), row
+    assert result["many"]["case"] == "3x1K"

@@ -315,7 +315,7 @@ void checkReduction(const char* what, const std::string& name, DataType dtype, i
   TORCH_CHECK_VALUE(op == 0 || op == 1 || (op >= 3 && op <= 5), "hvd_torch.", what, " '", name,
                     "': unsupported reduce op ", op,
                     " (Average=0, Sum=1, Min=3, Max=4, Product=5; Adasum=2 runs in eager Python only: ",
-                    "hvd.allreduce, allreduce_, allreduce_async(_) and DistributedOptimizer)");
+                    "hvd.allreduce and grouped_allreduce in all forms, and DistributedOptimizer)");
   TORCH_CHECK_VALUE(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
                     "hvd_torch.", what, " '", name,
                     "': bool tensors support Sum/Max (or) and Min/Product (and), without scaling");
