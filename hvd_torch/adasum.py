@@ -47,7 +47,6 @@ def base_name(name: str | None) -> str:
     return name if name else f"adasum.noname.{next(_unnamed)}"
 
 
-@torch.compiler.disable
 def reduce(tensor: torch.Tensor, name: str, prescale: float, postscale: float,
            process_set) -> torch.Tensor:
     """Adasum of `tensor` over the ranks of `process_set`, as a new tensor."""

@@ -53,8 +53,9 @@ def synchronize_group(handle):
 def _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
     """The results of a grouped allreduce with op=Adasum (hvd_torch/adasum.py), or
     None for any other op. Each tensor gets its own Adasum; one set of
-    collectives serves them all unless one needs a gradient."""
-    if _resolve_op(average, op) != Adasum:
+    collectives serves them all unless one needs a gradient. (`average` never
+    means Adasum: with it, _args resolves the op, and warns, once.)"""
+    if average is not None or op != Adasum:
         return None
     tensors = list(tensors)
     args = (float(prescale_factor), float(postscale_factor), process_set)
@@ -62,6 +63,14 @@ def _adasum(tensors, average, name, op, prescale_factor, postscale_factor, proce
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return [adasum.allreduce(t, f"{base}.{i}", *args) for i, t in enumerate(tensors)]
     return adasum.reduce_many(tensors, base, *args)
+
+
+def _adasum_into(tensors, *args):
+    """_adasum written into `tensors` (the in-place forms); False for other ops."""
+    outs = _adasum(tensors, *args)
+    for tensor, out in zip(tensors, outs or []):
+        tensor.copy_(out)
+    return outs is not None
 
 
 def _args(average, op, prescale_factor, postscale_factor, process_set):
@@ -88,10 +97,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     """In-place grouped allreduce; returns `tensors`."""
-    outs = _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
-    if outs is not None:
-        for tensor, out in zip(tensors, outs):
-            tensor.copy_(out)
+    if _adasum_into(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
         return tensors
     args = (name or "",) + _args(average, op, prescale_factor, postscale_factor, process_set)
     if _is_compiling() or not _C.eager_grouped_allreduce_(tensors, *args):
@@ -113,10 +119,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 @_translate_errors
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
-    outs = _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
-    if outs is not None:
-        for tensor, out in zip(tensors, outs):
-            tensor.copy_(out)
+    if _adasum_into(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
         return adasum.Handle(list(tensors))
     return _group_handle(_ops.grouped_allreduce_async_(
         list(tensors), name or "", *_args(average, op, prescale_factor, postscale_factor,
