@@ -39,6 +39,11 @@ _ops = torch.ops.hvd_torch
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _unnamed = itertools.count()
 _CHUNK = 1 << 16  # elements widened to float64 at a time on the host (_pair_stats)
+# A vector whose squared norm is below this counts as zero in _combine: its
+# coefficient is 1, as in Horovod. With "> 0" instead, a vector that cancels
+# to rounding noise (two opposite updates folded together) would get a wild
+# coefficient where an exact zero gets 1: results that jump with the last bit.
+_ZERO_NORMSQ = 1e-8
 
 
 def base_name(name: str | None) -> str:
@@ -150,21 +155,24 @@ def _pair_stats(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _combine(a: torch.Tensor, b: torch.Tensor, stats) -> torch.Tensor:
     """Adasum of a and b, given _pair_stats of the whole vectors they are part of.
-    A zero vector's coefficient does not matter (it multiplies zeros): 1.
+    A vector with a squared norm below _ZERO_NORMSQ gets coefficient 1 (Horovod's rule).
 
     stats is a list of floats for host tensors (two tensor ops instead of a
     dozen: most of a small Adasum's cost) and a tensor for device ones, whose
     coefficients stay on the device (no wait for the GPU)."""
     if isinstance(stats, list):
         dot, a2, b2 = stats
-        ca = 1 - dot / (2 * a2) if a2 > 0 else 1.0
-        cb = 1 - dot / (2 * b2) if b2 > 0 else 1.0
+        ca = 1 - dot / (2 * a2) if a2 >= _ZERO_NORMSQ else 1.0
+        cb = 1 - dot / (2 * b2) if b2 >= _ZERO_NORMSQ else 1.0
         return torch.mul(a, ca).add_(b, alpha=cb)
     dot, a2, b2 = stats[0], stats[1], stats[2]
     one = torch.ones((), dtype=stats.dtype, device=stats.device)
-    ca = torch.where(a2 > 0, 1 - dot / (2 * torch.where(a2 > 0, a2, one)), one)
-    cb = torch.where(b2 > 0, 1 - dot / (2 * torch.where(b2 > 0, b2, one)), one)
-    return ca.to(a.dtype) * a + cb.to(b.dtype) * b
+
+    def coefficient(normsq):
+        nonzero = normsq >= _ZERO_NORMSQ
+        return torch.where(nonzero, 1 - dot / (2 * torch.where(nonzero, normsq, one)), one)
+
+    return coefficient(a2).to(a.dtype) * a + coefficient(b2).to(b.dtype) * b
 
 
 def _cat(xs: list[torch.Tensor]) -> torch.Tensor:

@@ -26,8 +26,8 @@ def _pair(a, b):
     """Adasum of two vectors, written out in float64."""
     a, b = a.double(), b.double()
     dot, aa, bb = a @ b, a @ a, b @ b
-    ca = 1 - dot / (2 * aa) if aa > 0 else 1.0
-    cb = 1 - dot / (2 * bb) if bb > 0 else 1.0
+    ca = 1 - dot / (2 * aa) if aa >= 1e-8 else 1.0  # Horovod's "zero": |v|^2 < 1e-8
+    cb = 1 - dot / (2 * bb) if bb >= 1e-8 else 1.0
     return ca * a + cb * b
 
 
@@ -44,6 +44,11 @@ def _reference(vectors):
     while len(vs) > 1:
         vs = [_pair(vs[i], vs[i + 1]) for i in range(0, len(vs), 2)]
     return vs[0]
+
+
+def _near_zero(rank):
+    """Odd ranks: a vector with |v|^2 about 5e-9, which Adasum treats as zero."""
+    return _vector(rank, 5) * (3e-5 if rank % 2 else 1.0)
 
 
 def _rank_main():
@@ -90,6 +95,7 @@ def _rank_main():
                    for k in (0, 1, 3)]
     res["zeros"] = hvd.allreduce(torch.zeros(5) if r % 2 else _vector(r, 5).float(),
                                  name="zeros", op=hvd.Adasum)
+    res["near_zero"] = hvd.allreduce(_near_zero(r), name="near_zero", op=hvd.Adasum)
     # Autograd: the gradient is the Adasum of the incoming gradients.
     x = _vector(r, 9).requires_grad_()
     y = hvd.allreduce(x, name="grad", op=hvd.Adasum)
@@ -181,6 +187,9 @@ def test_adasum_averages_equal_vectors_and_adds_orthogonal_ones(nranks):
         # A zero vector adds nothing and takes nothing away.
         _close(res["zeros"], _reference([torch.zeros(5) if q % 2 else _vector(q, 5).float()
                                          for q in range(nranks)]), tol=1e-6)
+        # So does one below Horovod's threshold (|v|^2 < 1e-8): coefficient 1,
+        # where the exact formula would scale it by about -10^4.
+        _close(res["near_zero"], _reference([_near_zero(q) for q in range(nranks)]), tol=1e-6)
 
 
 @pytest.mark.timeout(240)
@@ -343,3 +352,19 @@ def test_device_and_host_coefficients_agree():
         on_host = _combine(x, y, stats.tolist())
         torch.testing.assert_close(on_device, on_host, rtol=1e-12, atol=1e-12)
         _close(on_host, _pair(x, y))
+
+
+def test_rounding_noise_counts_as_zero_like_an_exact_zero():
+    """Two opposite updates folded together leave rounding noise; it must
+    combine like an exact zero (Horovod's 1e-8 threshold on |v|^2), or the
+    result jumps with the last bit (found by test_cuda_adasum on 3 ranks)."""
+    from hvd_torch.adasum import _combine, _pair_stats
+
+    other = torch.tensor([0.05], dtype=torch.float64)
+    for noise in (0.0, 1e-9, -1e-9, 9e-5):
+        x = torch.tensor([noise], dtype=torch.float64)
+        stats = _pair_stats(x, other)
+        # x's coefficient is 1 and other's 1 - x.other / (2 |other|^2): 0.05 + noise / 2.
+        # Taken as nonzero, x would be scaled to cancel half of other: 0.025.
+        for got in (_combine(x, other, stats), _combine(x, other, stats.tolist())):
+            torch.testing.assert_close(got.item(), 0.05 + noise / 2, rtol=0, atol=1e-12)
