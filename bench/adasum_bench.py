@@ -12,6 +12,7 @@ interleaved across the forms; ratios, not times, are what to compare.
 """
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -33,19 +34,24 @@ def parse_args(argv=None):
     p.add_argument("-e", "--max-bytes", type=parse_size, default=parse_size("64M"))
     p.add_argument("-f", "--factor", type=int, default=8)
     p.add_argument("-r", "--reps", type=int, default=5)
-    p.add_argument("--many", default="100x1K", help="KxS: K tensors of S bytes ('' to skip)")
+    p.add_argument("--many", default="100x1K",
+                   help="KxS: K tensors of S bytes; KxS+KxS...: several sizes, interleaved "
+                        "like a model's layers ('' to skip)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the tensors live (cuda: each rank on GPU local_rank % count)")
     p.add_argument("--json", default=str(HERE / "results" / "adasum.json"))
     return p.parse_args(argv)
 
 
-def _timed(fn, iters):
+def _timed(fn, iters, sync):
     start = time.perf_counter()
     for _ in range(iters):
         fn()
+    sync()  # a GPU's queued work belongs to the time
     return (time.perf_counter() - start) / iters
 
 
-def _medians(forms, iters, reps, barrier):
+def _medians(forms, iters, reps, barrier, sync):
     """{name: median seconds per call}, the forms interleaved in each timed set."""
     samples = {name: [] for name in forms}
     for name, fn in forms.items():
@@ -53,8 +59,18 @@ def _medians(forms, iters, reps, barrier):
     for _ in range(reps):
         for name, fn in forms.items():
             barrier()
-            samples[name].append(_timed(fn, iters))
+            samples[name].append(_timed(fn, iters, sync))
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _many_counts(spec):
+    """Element counts of --many's tensors: "106x4K+53x1M" takes one of each
+    size in turn (4K, 1M, 4K, 1M, ...) until each size's count is used up."""
+    groups = []
+    for part in spec.lower().split("+"):
+        k, s = part.split("x")
+        groups.append([max(1, parse_size(s) // 4)] * int(k))
+    return [c for row in itertools.zip_longest(*groups) for c in row if c is not None]
 
 
 def worker(args):
@@ -66,33 +82,35 @@ def worker(args):
 
     torch.set_num_threads(1)
     hvd.init()
+    if args.device == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     torch_process_group(torch, dist, hvd)
     barrier = lambda: hvd.barrier()  # noqa: E731
+    sync = torch.cuda.synchronize if args.device == "cuda" else lambda: None
     rows = []
     size = args.min_bytes
     while size <= args.max_bytes:
         count = max(1, size // 4)
-        x = torch.randn(count, generator=torch.Generator().manual_seed(hvd.rank()))
+        x = torch.randn(count, generator=torch.Generator().manual_seed(hvd.rank())).to(args.device)
         iters = max(3, min(200, (64 << 20) // size // 4))
         forms = {
             "hvd adasum": lambda: hvd.allreduce(x, name="b.adasum", op=hvd.Adasum),
             "hvd average": lambda: hvd.allreduce(x, name="b.avg"),
             "torch sum": lambda: dist.all_reduce(x.clone()),
         }
-        t = _medians(forms, iters, args.reps, barrier)
+        t = _medians(forms, iters, args.reps, barrier, sync)
         rows.append({"bytes": size, **{k: v * 1e6 for k, v in t.items()}})
         size *= args.factor
     many = None
     if args.many:
-        k, s = args.many.lower().split("x")
-        tensors = [torch.randn(max(1, parse_size(s) // 4)) for _ in range(int(k))]
+        tensors = [torch.randn(count).to(args.device) for count in _many_counts(args.many)]
         forms = {
             "grouped adasum": lambda: hvd.grouped_allreduce(tensors, name="m.g", op=hvd.Adasum),
             "one adasum per tensor": lambda: [hvd.allreduce(t, name=f"m.{i}", op=hvd.Adasum)
                                               for i, t in enumerate(tensors)],
             "grouped average": lambda: hvd.grouped_allreduce(tensors, name="m.avg"),
         }
-        t = _medians(forms, 3, args.reps, barrier)
+        t = _medians(forms, 3, args.reps, barrier, sync)
         many = {"case": args.many, **{name: v * 1e6 for name, v in t.items()}}
     if hvd.rank() == 0:
         report(args, hvd.size(), rows, many)
@@ -101,7 +119,8 @@ def worker(args):
 
 
 def report(args, size, rows, many):
-    print(f"# Adasum, {size} ranks, float32; medians of {args.reps} sets (us per call)")
+    print(f"# Adasum, {size} ranks, float32 on {args.device}; medians of {args.reps} sets "
+          "(us per call)")
     print(f"# {'bytes':>10} {'hvd adasum':>12} {'hvd average':>12} {'torch sum':>12} "
           f"{'adasum/avg':>11} {'torch/adasum':>13}")
     for r in rows:
@@ -115,7 +134,8 @@ def report(args, size, rows, many):
               f"{many['grouped average']:.0f} us")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"ranks": size, "rows": rows, "many": many}, f, indent=1)
+        json.dump({"ranks": size, "device": args.device, "rows": rows, "many": many}, f,
+                  indent=1)
     print(f"# results: {args.json}")
 
 

@@ -20,12 +20,19 @@ puts it together. Bytes moved per rank are those of a reduce-scatter plus an
 allgather, like a ring allreduce. Dot products accumulate in float64; float16
 and bfloat16 are combined in float32 and rounded once.
 
+Many tensors share one tree: laid end to end in one flat buffer, they are
+halved as that buffer (so a level moves one slice, whatever the count), each
+keeps its own dot products (one row of the small allreduce), and the pieces of
+small tensors are reduced and combined in one pass each (segment sums), so the
+Python work per level does not grow with the number of tensors.
+
 Eager only: the functions below compose ops in Python (torch.compile runs them
 outside the graph; TorchScript has no Adasum).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 
 import torch
@@ -38,7 +45,8 @@ from hvd_torch.exceptions import HorovodInternalError
 _ops = torch.ops.hvd_torch
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _unnamed = itertools.count()
-_CHUNK = 1 << 16  # elements widened to float64 at a time on the host (_pair_stats)
+_CHUNK = 1 << 16  # elements widened to float64 at a time on the host (_dots, _runs)
+_SMALL = 2048  # a tensor's piece shorter than this shares one pass with its neighbours
 # A vector whose squared norm is below this counts as zero in _combine: its
 # coefficient is 1, as in Horovod. With "> 0" instead, a vector that cancels
 # to rounding noise (two opposite updates folded together) would get a wild
@@ -98,10 +106,18 @@ def reduce_many(tensors, name: str, prescale: float, postscale: float,
     for tensor, out in zip(tensors, outs):
         if postscale != 1.0:
             out = out * postscale
-        elif out.numel() and out.data_ptr() == tensor.data_ptr():
-            out = out.clone()  # one rank: the result must not be the input
+        elif out.dtype == tensor.dtype and not _own_tensor(out, tensor):
+            out = out.clone()
         results.append(out.to(tensor.dtype).reshape(tensor.shape))
     return results
+
+
+def _own_tensor(out: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """Whether `out` may be returned for `tensor` as it is: not the input (one
+    rank), nor a view into the batch's shared result (several tensors), which
+    would keep the others alive and go with it into a pickle or torch.save."""
+    whole = out.untyped_storage().nbytes() == out.numel() * out.element_size()
+    return whole and not (out.numel() and out.data_ptr() == tensor.data_ptr())
 
 
 class _Differentiable(torch.autograd.Function):
@@ -139,50 +155,123 @@ class Handle:
         return True
 
 
-def _pair_stats(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[a.b, |a|^2, |b|^2], accumulated in float64.
+def _pieces(bounds: list[int], lo: int, hi: int) -> tuple[int, list[int]]:
+    """The tensors that [lo, hi) of the flat buffer overlaps: the first one's
+    index and each one's overlap length (0 for an empty tensor in between)."""
+    first = bisect.bisect_right(bounds, lo) - 1
+    if lo == hi:
+        return first, []
+    lengths, t = [], first
+    while t < len(bounds) - 1 and bounds[t] < hi:
+        lengths.append(min(bounds[t + 1], hi) - max(bounds[t], lo))
+        t += 1
+    return first, lengths
+
+
+def _runs(lengths: list[int]):
+    """(start piece, stop piece, start element, stop element) of each run: a
+    large piece alone, or consecutive small pieces up to _CHUNK elements."""
+    at, i = 0, 0
+    while i < len(lengths):
+        j, size = i + 1, lengths[i]
+        if size < _SMALL:
+            while j < len(lengths) and lengths[j] < _SMALL and size + lengths[j] <= _CHUNK:
+                size += lengths[j]
+                j += 1
+        yield i, j, at, at + size
+        at += size
+        i = j
+
+
+def _dots(a: torch.Tensor, b: torch.Tensor, into: torch.Tensor) -> None:
+    """Adds [a.b, |a|^2, |b|^2] of one piece, accumulated in float64, to `into`.
 
     Host tensors are widened a cache-sized chunk at a time: widening a whole
     half of a large gradient allocates (and page-faults) twice its size, 5x
     slower than the arithmetic (2M floats: 23 ms against 4.4 ms)."""
     step = _CHUNK if a.device.type == "cpu" and a.dtype != torch.float64 else max(a.numel(), 1)
-    total = torch.zeros(3, dtype=torch.float64, device=a.device)
     for at in range(0, a.numel(), step):
         x, y = a[at:at + step].double(), b[at:at + step].double()
-        total += torch.stack([torch.dot(x, y), torch.dot(x, x), torch.dot(y, y)])
-    return total
+        into += torch.stack([torch.dot(x, y), torch.dot(x, x), torch.dot(y, y)])
 
 
-def _combine(a: torch.Tensor, b: torch.Tensor, stats) -> torch.Tensor:
-    """Adasum of a and b, given _pair_stats of the whole vectors they are part of.
-    A vector with a squared norm below _ZERO_NORMSQ gets coefficient 1 (Horovod's rule).
+def _segment_dots(a: torch.Tensor, b: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The rows _dots adds, of each of consecutive small pieces, in one pass: a
+    tensor op per piece would cost more than the piece's arithmetic."""
+    x, y = a.double(), b.double()
+    products = torch.stack([x * y, x * x, y * y], dim=1)
+    return torch.segment_reduce(products, "sum", axis=0, lengths=_counts(lengths, a.device))
 
-    stats is a list of floats for host tensors (two tensor ops instead of a
-    dozen: most of a small Adasum's cost) and a tensor for device ones, whose
-    coefficients stay on the device (no wait for the GPU)."""
-    if isinstance(stats, list):
-        dot, a2, b2 = stats
-        ca = 1 - dot / (2 * a2) if a2 >= _ZERO_NORMSQ else 1.0
-        cb = 1 - dot / (2 * b2) if b2 >= _ZERO_NORMSQ else 1.0
-        return torch.mul(a, ca).add_(b, alpha=cb)
-    dot, a2, b2 = stats[0], stats[1], stats[2]
-    one = torch.ones((), dtype=stats.dtype, device=stats.device)
 
-    def coefficient(normsq):
-        nonzero = normsq >= _ZERO_NORMSQ
-        return torch.where(nonzero, 1 - dot / (2 * torch.where(nonzero, normsq, one)), one)
+def _pair_stats(a: torch.Tensor, b: torch.Tensor, bounds: list[int], lo: int,
+                into: torch.Tensor) -> torch.Tensor:
+    """Adds [a.b, |a|^2, |b|^2] of each tensor's piece to its row of `into` (a
+    float64 row per tensor), for the part [lo, lo + len(a)) of the flat buffer
+    that a and b hold. Returns `into`."""
+    first, lengths = _pieces(bounds, lo, lo + a.numel())
+    for i, j, s, e in _runs(lengths):
+        if j == i + 1:
+            _dots(a[s:e], b[s:e], into[first + i])
+        else:
+            into[first + i:first + j] += _segment_dots(a[s:e], b[s:e], lengths[i:j])
+    return into
 
-    return coefficient(a2).to(a.dtype) * a + coefficient(b2).to(b.dtype) * b
+
+def _coefficients(stats: torch.Tensor, as_floats: bool):
+    """[[ca, cb]] per row [a.b, |a|^2, |b|^2] of stats: 1 - a.b / (2 |v|^2), or 1
+    for a vector whose |v|^2 is below _ZERO_NORMSQ (Horovod's rule).
+
+    Floats for host stats (the dozen tensor ops below would be most of a small
+    Adasum's cost); a tensor for device ones, so the host never waits for the GPU."""
+    if as_floats:
+        return [[1 - dot / (2 * normsq) if normsq >= _ZERO_NORMSQ else 1.0 for normsq in norms]
+                for dot, *norms in stats.tolist()]
+    dot, normsq = stats[:, :1], stats[:, 1:]
+    nonzero = normsq >= _ZERO_NORMSQ
+    return torch.where(nonzero, 1 - dot / (2 * torch.where(nonzero, normsq, 1.0)), 1.0)
+
+
+def _combine(a: torch.Tensor, b: torch.Tensor, stats: torch.Tensor, bounds: list[int],
+             lo: int, as_floats: bool | None = None) -> torch.Tensor:
+    """Adasum of a and b (the part [lo, lo + len(a)) of the flat buffer), each
+    tensor with the coefficients of its row of stats (the whole vectors' dot
+    products). as_floats: see _coefficients (default: for host tensors)."""
+    first, lengths = _pieces(bounds, lo, lo + a.numel())
+    if as_floats is None:
+        as_floats = a.device.type == "cpu"
+    coefficients = _coefficients(stats[first:first + len(lengths)], as_floats)
+    runs = list(_runs(lengths))
+    if len(runs) == 1 and runs[0][1] == 1:  # one tensor: no output buffer to fill
+        ca, cb = coefficients[0]
+        return torch.mul(a, ca).add_(b, alpha=cb) if as_floats else torch.mul(a, ca) + b * cb
+    out = torch.empty_like(a)
+    for i, j, s, e in runs:
+        if j == i + 1:  # one tensor's piece: its two coefficients as scalars
+            ca, cb = coefficients[i]
+        else:
+            run = torch.as_tensor(coefficients[i:j], dtype=a.dtype, device=a.device)
+            ca, cb = torch.repeat_interleave(run, _counts(lengths[i:j], a.device), dim=0,
+                                             output_size=e - s).T
+        torch.mul(a[s:e], ca, out=out[s:e])
+        if isinstance(cb, float):
+            out[s:e].add_(b[s:e], alpha=cb)
+        else:
+            out[s:e].addcmul_(b[s:e], cb.to(a.dtype))
+    return out
+
+
+def _counts(values: list[int], device: torch.device) -> torch.Tensor:
+    """values as an int64 tensor on `device`; for a GPU through pinned memory,
+    so the copy does not make the host wait for the GPU's queued work."""
+    counts = torch.tensor(values)
+    if device.type == "cpu":
+        return counts
+    return counts.pin_memory().to(device, non_blocking=True)
 
 
 def _cat(xs: list[torch.Tensor]) -> torch.Tensor:
     """torch.cat without the copy of a lone tensor."""
     return xs[0] if len(xs) == 1 else torch.cat(xs)
-
-
-def _host(stats: torch.Tensor):
-    """stats as nested lists of floats when they are in host memory (see _combine)."""
-    return stats.tolist() if stats.device.type == "cpu" else stats
 
 
 def _splits(n: int, to: int | None, count: int) -> torch.Tensor:
@@ -194,7 +283,7 @@ def _splits(n: int, to: int | None, count: int) -> torch.Tensor:
 
 
 def _segment(rank: int, p: int, count: int) -> tuple[int, int]:
-    """The part [lo, hi) of the result that `rank` (< p) holds after the halving."""
+    """The part [lo, hi) of the flat buffer that `rank` (< p) holds after the halving."""
     lo, hi, d = 0, count, 1
     while d < p:
         mid = lo + (hi - lo) // 2
@@ -204,56 +293,57 @@ def _segment(rank: int, p: int, count: int) -> tuple[int, int]:
 
 
 def _tree(xs: list[torch.Tensor], name: str, n: int, me: int, ps: int) -> list[torch.Tensor]:
-    """Adasum of each 1-D tensor of `xs` (one dtype and device) over the n ranks."""
+    """Adasum of each 1-D tensor of `xs` (one dtype and device) over the n ranks.
+
+    The tensors are laid end to end in one flat buffer and the halving splits
+    that buffer, as Horovod's does its fusion buffer: a rank's half may cut
+    through tensors, and each tensor's dot products are summed over the ranks
+    that hold its pieces. So every level moves one slice, whatever the count."""
     if n == 1:
         return xs
-    p = 1 << (n.bit_length() - 1)
     counts = [x.numel() for x in xs]
-    empty = xs[0][:0]
+    bounds = list(itertools.accumulate(counts, initial=0))
+    flat = _cat(xs)
+    empty = flat[:0]
+    p = 1 << (n.bit_length() - 1)
     if n > p:  # fold rank p + i into rank i
         to = me - p if me >= p else None
-        got, _ = _ops.alltoall(_cat(xs) if to is not None else empty,
-                               _splits(n, to, sum(counts)), f"{name}.adasum.fold", ps)
+        got, _ = _ops.alltoall(flat if to is not None else empty,
+                               _splits(n, to, flat.numel()), f"{name}.adasum.fold", ps)
         if me < n - p:
-            theirs = got.split(counts)
-            xs = [_combine(x, y, _host(_pair_stats(x, y))) for x, y in zip(xs, theirs)]
+            stats = torch.zeros(len(xs), 3, dtype=torch.float64, device=flat.device)
+            flat = _combine(flat, got, _pair_stats(flat, got, bounds, 0, stats), bounds, 0)
     active = me < p
-    spans = [(0, c) for c in counts]  # each tensor's segment [lo, hi); xs hold exactly it
+    lo, hi = 0, flat.numel()  # the part of the flat buffer this rank holds; flat is exactly it
     d = 1
     while d < p:
         lower = not me & d
-        keeps, gives = [], []
-        for lo, hi in spans:
-            mid = lo + (hi - lo) // 2
-            keeps.append((lo, mid) if lower else (mid, hi))
-            gives.append((mid, hi) if lower else (lo, mid))
-        out = _cat([x[g0 - lo:g1 - lo] for x, (lo, _), (g0, g1) in zip(xs, spans, gives)]) \
-            if active else empty
+        mid = lo + (hi - lo) // 2
+        keep, give = ((lo, mid), (mid, hi)) if lower else ((mid, hi), (lo, mid))
+        out = flat[give[0] - lo:give[1] - lo] if active else empty
         got, _ = _ops.alltoall(out, _splits(n, me ^ d if active else None, out.numel()),
                                f"{name}.adasum.{d}.halves", ps)
         groups = p // (2 * d)
         stats = torch.zeros(groups, len(xs), 3, dtype=torch.float64, device=empty.device)
         if active:
-            mine = [x[k0 - lo:k1 - lo] for x, (lo, _), (k0, k1) in zip(xs, spans, keeps)]
-            theirs = got.split([k1 - k0 for k0, k1 in keeps])
-            pairs = [(m, t) if lower else (t, m) for m, t in zip(mine, theirs)]
+            mine = flat[keep[0] - lo:keep[1] - lo]
+            a, b = (mine, got) if lower else (got, mine)
             group = me // (2 * d)
-            if pairs:
-                stats[group] = torch.stack([_pair_stats(a, b) for a, b in pairs])
-        stats = _host(_ops.allreduce(stats.reshape(-1), f"{name}.adasum.{d}.stats", Sum, 1.0,
-                                     1.0, ps).reshape(groups, len(xs), 3))
+            _pair_stats(a, b, bounds, keep[0], stats[group])
+        stats = _ops.allreduce(stats.reshape(-1), f"{name}.adasum.{d}.stats", Sum, 1.0, 1.0,
+                               ps).reshape(groups, len(xs), 3)
         if active:
-            xs = [_combine(a, b, stats[group][i]) for i, (a, b) in enumerate(pairs)]
-            spans = keeps
+            flat = _combine(a, b, stats[group], bounds, keep[0])
+            lo, hi = keep
         d *= 2
-    pieces = _ops.allgather(_cat(xs) if active else empty, f"{name}.adasum.gather", ps)
-    if p == 2 and len(xs) == 1:
-        return [pieces]  # rank 0 holds the first half, rank 1 the second: in place already
-    results = [torch.empty(c, dtype=empty.dtype, device=empty.device) for c in counts]
-    at = 0
-    for rank in range(p):  # rank's segment of every tensor, in tensor order
-        for result, count in zip(results, counts):
-            lo, hi = _segment(rank, p, count)
+    pieces = _ops.allgather(flat if active else empty, f"{name}.adasum.gather", ps)
+    if p > 2:  # the segments arrive in rank order; put each in its place
+        result = torch.empty_like(pieces)
+        at = 0
+        for rank in range(p):
+            lo, hi = _segment(rank, p, pieces.numel())
             result[lo:hi] = pieces[at:at + hi - lo]
             at += hi - lo
-    return results
+        pieces = result
+    # p == 2: rank 0 holds the first half, rank 1 the second: in place already.
+    return [pieces] if len(xs) == 1 else list(pieces.split(counts))

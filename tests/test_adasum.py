@@ -113,6 +113,10 @@ def _rank_main():
     ys = hvd.grouped_allreduce(xs, name="grp.grad", op=hvd.Adasum)
     (ys[0] @ _vector(r, 6, seed=6) + ys[1] @ _vector(r, 3, seed=7)).backward()
     res["grouped_grad"] = [x.grad for x in xs]
+    # Each result a tensor of its own, not a view into one shared buffer.
+    own = hvd.grouped_allreduce([_vector(r, 6), _vector(r, 3)], name="grp.own", op=hvd.Adasum)
+    res["own_storage"] = [t.untyped_storage().nbytes() == t.numel() * t.element_size()
+                          for t in own]
     if n >= 3:
         evens = hvd.add_process_set([0, 2])
         if r in (0, 2):
@@ -228,6 +232,7 @@ def test_grouped_adasum_reduces_each_tensor_on_its_own(nranks):
             assert torch.allclose(got[3].double(), expected[3], rtol=2e-3, atol=2e-3), form
         _close(res["grouped_grad"][0], want(6, seed=6))
         _close(res["grouped_grad"][1], want(3, seed=7))
+        assert res["own_storage"] == [True, True]
 
 
 @pytest.mark.timeout(240)
@@ -339,19 +344,49 @@ def test_adasum_optimizer_combines_each_ranks_adam_update(nranks):
         assert not all(torch.allclose(a, b) for a, b in zip(alone, want))
 
 
-def test_device_and_host_coefficients_agree():
-    """_combine's tensor form (device tensors: no host wait) is the float form's
-    arithmetic, zero vectors included; the rank tests above run the float form."""
+def _flat_pairs():
+    """Two flat buffers of tensors of every kind _pair_stats and _combine tell
+    apart: large pieces (one dot each), runs of small ones (one pass for all),
+    empty tensors between them, zero, near-zero and equal vectors."""
+    from hvd_torch.adasum import _SMALL
+
+    sizes = [5000, 7, 0, 300, 1, 3 * _SMALL, 0, 0, 11, 2 * _SMALL - 1, 0, _SMALL, 4]
+    xs = [_vector(0, k, seed=i) for i, k in enumerate(sizes)]
+    ys = [_vector(1, k, seed=i) for i, k in enumerate(sizes)]
+    xs[3], ys[4] = torch.zeros(300, dtype=torch.float64), xs[4]  # a zero vector; equal ones
+    ys[8] = xs[8] * 1e-5  # |v|^2 below 1e-8: counts as zero
+    return sizes, xs, ys
+
+
+def test_flat_buffer_stats_and_combine_are_each_tensors_own_adasum():
+    """_pair_stats and _combine over any part of the flat buffer (a rank's half
+    cuts through tensors) give each tensor its own dot products and Adasum."""
+    import itertools
+
     from hvd_torch.adasum import _combine, _pair_stats
 
-    a, b = _vector(0, 11), _vector(1, 11)
-    for x, y in ((a, b), (a, torch.zeros(11, dtype=torch.float64)), (torch.zeros(11), b.float()),
-                 (a, a)):
-        stats = _pair_stats(x, y)
-        on_device = _combine(x, y, stats)
-        on_host = _combine(x, y, stats.tolist())
-        torch.testing.assert_close(on_device, on_host, rtol=1e-12, atol=1e-12)
-        _close(on_host, _pair(x, y))
+    sizes, xs, ys = _flat_pairs()
+    bounds = list(itertools.accumulate(sizes, initial=0))
+    a, b = torch.cat(xs), torch.cat(ys)
+    def stats_of(a, b, lo):
+        return _pair_stats(a, b, bounds, lo, torch.zeros(len(sizes), 3, dtype=torch.float64))
+
+    whole = stats_of(a, b, 0)
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        torch.testing.assert_close(whole[i], torch.stack([x @ y, x @ x, y @ y]))
+    want = torch.cat([_pair(x, y) for x, y in zip(xs, ys)])
+    # Both forms of the coefficients: floats (host tensors) and tensors (the
+    # GPU's, which never wait for it), here on the host.
+    for as_floats in (True, False):
+        torch.testing.assert_close(_combine(a, b, whole, bounds, 0, as_floats), want)
+    for cut in (1, 2500, 5003, 5010, bounds[-1] // 2, bounds[-1] - 3):
+        parts = [(0, cut), (cut, bounds[-1])]
+        stats = sum(stats_of(a[lo:hi], b[lo:hi], lo) for lo, hi in parts)
+        torch.testing.assert_close(stats, whole)
+        for as_floats in (True, False):
+            got = torch.cat([_combine(a[lo:hi], b[lo:hi], whole, bounds, lo, as_floats)
+                             for lo, hi in parts])
+            torch.testing.assert_close(got, want)
 
 
 def test_rounding_noise_counts_as_zero_like_an_exact_zero():
@@ -363,8 +398,9 @@ def test_rounding_noise_counts_as_zero_like_an_exact_zero():
     other = torch.tensor([0.05], dtype=torch.float64)
     for noise in (0.0, 1e-9, -1e-9, 9e-5):
         x = torch.tensor([noise], dtype=torch.float64)
-        stats = _pair_stats(x, other)
+        stats = _pair_stats(x, other, [0, 1], 0, torch.zeros(1, 3, dtype=torch.float64))
         # x's coefficient is 1 and other's 1 - x.other / (2 |other|^2): 0.05 + noise / 2.
         # Taken as nonzero, x would be scaled to cancel half of other: 0.025.
-        for got in (_combine(x, other, stats), _combine(x, other, stats.tolist())):
+        for as_floats in (True, False):
+            got = _combine(x, other, stats, [0, 1], 0, as_floats)
             torch.testing.assert_close(got.item(), 0.05 + noise / 2, rtol=0, atol=1e-12)

@@ -74,7 +74,7 @@ def test_bad_arguments_are_refused_before_any_rank_starts():
 def test_adasum_bench_runs_and_writes_its_table(tmp_path):
     path = tmp_path / "adasum.json"
     run = finish(spawn([sys.executable, str(ROOT / "bench" / "adasum_bench.py"), "-np", "2",
-                        "-b", "4K", "-e", "32K", "-r", "1", "--many", "3x1K",
+                        "-b", "4K", "-e", "32K", "-r", "1", "--many", "3x1K+2x16K",
                         "--json", str(path)]), RUN_TIMEOUT)
     assert run.code == 0, run.out + run.err
     assert "torch/adasum" in run.out and "grouped Adasum" in run.out, run.out
@@ -83,4 +83,4 @@ def test_adasum_bench_runs_and_writes_its_table(tmp_path):
     assert [row["bytes"] for row in result["rows"]] == [4096, 32768]
     for row in result["rows"]:
         assert all(row[k] > 0 for k in ("hvd adasum", "hvd average", "torch sum")), row
-    assert result["many"]["case"] == "3x1K"
+    assert result["many"]["case"] == "3x1K+2x16K"
