@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import typing
 
 import torch
 from torch.distributed import DistNetworkError
@@ -45,7 +46,7 @@ from hvd_torch.exceptions import HorovodInternalError
 _ops = torch.ops.hvd_torch
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _unnamed = itertools.count()
-_CHUNK = 1 << 16  # elements widened to float64 at a time on the host (_dots, _runs)
+_CHUNK = 1 << 16  # elements widened to float64 at a time on the host (_dots, _layout)
 _SMALL = 2048  # a tensor's piece shorter than this shares one pass with its neighbours
 # A vector whose squared norm is below this counts as zero in _combine: its
 # coefficient is 1, as in Horovod. With "> 0" instead, a vector that cancels
@@ -155,32 +156,35 @@ class Handle:
         return True
 
 
-def _pieces(bounds: list[int], lo: int, hi: int) -> tuple[int, list[int]]:
-    """The tensors that [lo, hi) of the flat buffer overlaps: the first one's
-    index and each one's overlap length (0 for an empty tensor in between)."""
+class _Layout(typing.NamedTuple):
+    """How the part [lo, hi) of the flat buffer falls into tensors: the first
+    tensor it overlaps, each overlapped tensor's length there (0 for an empty
+    tensor in between), and the runs _pair_stats and _combine work in: (start
+    piece, stop piece, start element, stop element), a large piece alone or
+    consecutive small pieces up to _CHUNK elements."""
+
+    first: int
+    lengths: list[int]
+    runs: list[tuple[int, int, int, int]]
+
+
+def _layout(bounds: list[int], lo: int, hi: int) -> _Layout:
     first = bisect.bisect_right(bounds, lo) - 1
-    if lo == hi:
-        return first, []
     lengths, t = [], first
-    while t < len(bounds) - 1 and bounds[t] < hi:
+    while lo < hi and t < len(bounds) - 1 and bounds[t] < hi:
         lengths.append(min(bounds[t + 1], hi) - max(bounds[t], lo))
         t += 1
-    return first, lengths
-
-
-def _runs(lengths: list[int]):
-    """(start piece, stop piece, start element, stop element) of each run: a
-    large piece alone, or consecutive small pieces up to _CHUNK elements."""
-    at, i = 0, 0
+    runs, at, i = [], 0, 0
     while i < len(lengths):
         j, size = i + 1, lengths[i]
         if size < _SMALL:
             while j < len(lengths) and lengths[j] < _SMALL and size + lengths[j] <= _CHUNK:
                 size += lengths[j]
                 j += 1
-        yield i, j, at, at + size
+        runs.append((i, j, at, at + size))
         at += size
         i = j
+    return _Layout(first, lengths, runs)
 
 
 def _dots(a: torch.Tensor, b: torch.Tensor, into: torch.Tensor) -> None:
@@ -203,13 +207,13 @@ def _segment_dots(a: torch.Tensor, b: torch.Tensor, lengths: list[int]) -> torch
     return torch.segment_reduce(products, "sum", axis=0, lengths=_counts(lengths, a.device))
 
 
-def _pair_stats(a: torch.Tensor, b: torch.Tensor, bounds: list[int], lo: int,
+def _pair_stats(a: torch.Tensor, b: torch.Tensor, layout: _Layout,
                 into: torch.Tensor) -> torch.Tensor:
     """Adds [a.b, |a|^2, |b|^2] of each tensor's piece to its row of `into` (a
-    float64 row per tensor), for the part [lo, lo + len(a)) of the flat buffer
-    that a and b hold. Returns `into`."""
-    first, lengths = _pieces(bounds, lo, lo + a.numel())
-    for i, j, s, e in _runs(lengths):
+    float64 row per tensor), for the part of the flat buffer that a and b hold
+    (laid out by `layout`). Returns `into`."""
+    first, lengths, runs = layout
+    for i, j, s, e in runs:
         if j == i + 1:
             _dots(a[s:e], b[s:e], into[first + i])
         else:
@@ -231,19 +235,15 @@ def _coefficients(stats: torch.Tensor, as_floats: bool):
     return torch.where(nonzero, 1 - dot / (2 * torch.where(nonzero, normsq, 1.0)), 1.0)
 
 
-def _combine(a: torch.Tensor, b: torch.Tensor, stats: torch.Tensor, bounds: list[int],
-             lo: int, as_floats: bool | None = None) -> torch.Tensor:
-    """Adasum of a and b (the part [lo, lo + len(a)) of the flat buffer), each
-    tensor with the coefficients of its row of stats (the whole vectors' dot
-    products). as_floats: see _coefficients (default: for host tensors)."""
-    first, lengths = _pieces(bounds, lo, lo + a.numel())
+def _combine(a: torch.Tensor, b: torch.Tensor, stats: torch.Tensor, layout: _Layout,
+             as_floats: bool | None = None) -> torch.Tensor:
+    """Adasum of a and b (the part of the flat buffer laid out by `layout`),
+    each tensor with the coefficients of its row of stats (the whole vectors'
+    dot products). as_floats: see _coefficients (default: for host tensors)."""
+    first, lengths, runs = layout
     if as_floats is None:
         as_floats = a.device.type == "cpu"
     coefficients = _coefficients(stats[first:first + len(lengths)], as_floats)
-    runs = list(_runs(lengths))
-    if len(runs) == 1 and runs[0][1] == 1:  # one tensor: no output buffer to fill
-        ca, cb = coefficients[0]
-        return torch.mul(a, ca).add_(b, alpha=cb) if as_floats else torch.mul(a, ca) + b * cb
     out = torch.empty_like(a)
     for i, j, s, e in runs:
         if j == i + 1:  # one tensor's piece: its two coefficients as scalars
@@ -256,7 +256,7 @@ def _combine(a: torch.Tensor, b: torch.Tensor, stats: torch.Tensor, bounds: list
         if isinstance(cb, float):
             out[s:e].add_(b[s:e], alpha=cb)
         else:
-            out[s:e].addcmul_(b[s:e], cb.to(a.dtype))
+            out[s:e].addcmul_(b[s:e], cb)
     return out
 
 
@@ -311,8 +311,9 @@ def _tree(xs: list[torch.Tensor], name: str, n: int, me: int, ps: int) -> list[t
         got, _ = _ops.alltoall(flat if to is not None else empty,
                                _splits(n, to, flat.numel()), f"{name}.adasum.fold", ps)
         if me < n - p:
+            layout = _layout(bounds, 0, flat.numel())
             stats = torch.zeros(len(xs), 3, dtype=torch.float64, device=flat.device)
-            flat = _combine(flat, got, _pair_stats(flat, got, bounds, 0, stats), bounds, 0)
+            flat = _combine(flat, got, _pair_stats(flat, got, layout, stats), layout)
     active = me < p
     lo, hi = 0, flat.numel()  # the part of the flat buffer this rank holds; flat is exactly it
     d = 1
@@ -329,11 +330,12 @@ def _tree(xs: list[torch.Tensor], name: str, n: int, me: int, ps: int) -> list[t
             mine = flat[keep[0] - lo:keep[1] - lo]
             a, b = (mine, got) if lower else (got, mine)
             group = me // (2 * d)
-            _pair_stats(a, b, bounds, keep[0], stats[group])
+            layout = _layout(bounds, *keep)
+            _pair_stats(a, b, layout, stats[group])
         stats = _ops.allreduce(stats.reshape(-1), f"{name}.adasum.{d}.stats", Sum, 1.0, 1.0,
                                ps).reshape(groups, len(xs), 3)
         if active:
-            flat = _combine(a, b, stats[group], bounds, keep[0])
+            flat = _combine(a, b, stats[group], layout)
             lo, hi = keep
         d *= 2
     pieces = _ops.allgather(flat if active else empty, f"{name}.adasum.gather", ps)

@@ -363,29 +363,32 @@ def test_flat_buffer_stats_and_combine_are_each_tensors_own_adasum():
     cuts through tensors) give each tensor its own dot products and Adasum."""
     import itertools
 
-    from hvd_torch.adasum import _combine, _pair_stats
+    from hvd_torch.adasum import _combine, _layout, _pair_stats
 
     sizes, xs, ys = _flat_pairs()
     bounds = list(itertools.accumulate(sizes, initial=0))
     a, b = torch.cat(xs), torch.cat(ys)
-    def stats_of(a, b, lo):
-        return _pair_stats(a, b, bounds, lo, torch.zeros(len(sizes), 3, dtype=torch.float64))
 
-    whole = stats_of(a, b, 0)
+    def stats_of(lo, hi):
+        return _pair_stats(a[lo:hi], b[lo:hi], _layout(bounds, lo, hi),
+                           torch.zeros(len(sizes), 3, dtype=torch.float64))
+
+    def combined(lo, hi, as_floats):
+        return _combine(a[lo:hi], b[lo:hi], whole, _layout(bounds, lo, hi), as_floats)
+
+    whole = stats_of(0, bounds[-1])
     for i, (x, y) in enumerate(zip(xs, ys)):
         torch.testing.assert_close(whole[i], torch.stack([x @ y, x @ x, y @ y]))
     want = torch.cat([_pair(x, y) for x, y in zip(xs, ys)])
     # Both forms of the coefficients: floats (host tensors) and tensors (the
     # GPU's, which never wait for it), here on the host.
     for as_floats in (True, False):
-        torch.testing.assert_close(_combine(a, b, whole, bounds, 0, as_floats), want)
+        torch.testing.assert_close(combined(0, bounds[-1], as_floats), want)
     for cut in (1, 2500, 5003, 5010, bounds[-1] // 2, bounds[-1] - 3):
         parts = [(0, cut), (cut, bounds[-1])]
-        stats = sum(stats_of(a[lo:hi], b[lo:hi], lo) for lo, hi in parts)
-        torch.testing.assert_close(stats, whole)
+        torch.testing.assert_close(sum(stats_of(lo, hi) for lo, hi in parts), whole)
         for as_floats in (True, False):
-            got = torch.cat([_combine(a[lo:hi], b[lo:hi], whole, bounds, lo, as_floats)
-                             for lo, hi in parts])
+            got = torch.cat([combined(lo, hi, as_floats) for lo, hi in parts])
             torch.testing.assert_close(got, want)
 
 
@@ -393,14 +396,15 @@ def test_rounding_noise_counts_as_zero_like_an_exact_zero():
     """Two opposite updates folded together leave rounding noise; it must
     combine like an exact zero (Horovod's 1e-8 threshold on |v|^2), or the
     result jumps with the last bit (found by test_cuda_adasum on 3 ranks)."""
-    from hvd_torch.adasum import _combine, _pair_stats
+    from hvd_torch.adasum import _combine, _layout, _pair_stats
 
     other = torch.tensor([0.05], dtype=torch.float64)
+    layout = _layout([0, 1], 0, 1)
     for noise in (0.0, 1e-9, -1e-9, 9e-5):
         x = torch.tensor([noise], dtype=torch.float64)
-        stats = _pair_stats(x, other, [0, 1], 0, torch.zeros(1, 3, dtype=torch.float64))
+        stats = _pair_stats(x, other, layout, torch.zeros(1, 3, dtype=torch.float64))
         # x's coefficient is 1 and other's 1 - x.other / (2 |other|^2): 0.05 + noise / 2.
         # Taken as nonzero, x would be scaled to cancel half of other: 0.025.
         for as_floats in (True, False):
-            got = _combine(x, other, stats, [0, 1], 0, as_floats)
+            got = _combine(x, other, stats, layout, as_floats)
             torch.testing.assert_close(got.item(), 0.05 + noise / 2, rtol=0, atol=1e-12)
