@@ -26,7 +26,14 @@ from .network import NetworkError, interface_address, route_source_address
 from .output import note
 from .processes import Processes, close_stdin, signal_group
 from .ssh import SshSettings, remote_command
-from .store import KVStoreClient, KVStoreServer, make_secret, secret_to_hex
+from .store import (
+    KVStoreClient,
+    KVStoreServer,
+    StoreError,
+    StoreLimits,
+    make_secret,
+    secret_to_hex,
+)
 
 __all__ = ["ElasticOptions", "HostLauncher", "parse_elastic_options", "run_elastic"]
 
@@ -188,13 +195,14 @@ def run_elastic(opts) -> int:
     secret = make_secret()
     try:
         bind, local_store_host = _store_bind(discovery, opts.iface)
-    except NetworkError as err:
+        store = KVStoreServer(bind, 0, secret, StoreLimits.for_job(e.max_np)).start()
+    except (NetworkError, StoreError) as err:
         note(f"error: {err}")
         return 1
     handlers = {}
     launcher = None
     try:
-        with KVStoreServer(bind, 0, secret) as store:
+        with store:
             launcher = HostLauncher(
                 opts.command, opts.ssh, opts.iface, local_store_host, opts.extra_env
             )

@@ -4,7 +4,8 @@ each node, and the nodes rendezvous with each other (torchrun's flags):
     hvdrun --nnodes 2 --node-rank 0 --nproc-per-node 2 --rdzv-endpoint node0:29400 python train.py
     hvdrun --nnodes 2 --node-rank 1 --nproc-per-node 2 --rdzv-endpoint node0:29400 python train.py
 
-Node 0 serves the job's store on the endpoint's port; every node connects to it,
+Node 0 serves the job's store on the endpoint's port, on the endpoint's address (or
+--network-interface's, or HVD_TORCH_STORE_BIND's); every node connects to it,
 checks in, starts its nproc-per-node ranks (ranks node_rank * P .. node_rank * P +
 P - 1) and supervises them.  The job's secret cannot be made up by one node, since
 the others must know it before they can talk to node 0: it comes from
@@ -23,6 +24,7 @@ Store keys (prefix hvdrun/):
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import signal
 import socket
@@ -31,15 +33,17 @@ import time
 
 from .args import UsageError, non_negative_int, positive_int
 from .env import rank_env
+from .network import NetworkError, interface_address
 from .output import RankFiles, note
 from .processes import Processes
 from .slurm import node_defaults
-from .store import KVStoreClient, KVStoreServer, StoreError, secret_from_hex
+from .store import KVStoreClient, KVStoreServer, StoreError, StoreLimits, secret_from_hex
 from .supervise import RankInfo, supervise
 
 __all__ = ["NodeOptions", "parse_node_options", "run_node"]
 
 SECRET_ENV = "HVD_TORCH_SECRET"
+BIND_ENV = "HVD_TORCH_STORE_BIND"  # where node 0's store listens, if not the endpoint
 _NODE_KEYS = ("nnodes", "node_rank", "nproc_per_node", "rdzv_endpoint", "rdzv_secret_file")
 _DONE_WAIT = 60.0  # how long node 0 keeps the store up for nodes still finishing
 _CAUSE_WAIT = 1.0  # how long a failed node waits to hear of failures elsewhere
@@ -145,8 +149,8 @@ def run_node(opts) -> int:
     try:
         if n.node_rank == 0:
             try:
-                server = _serve(n)
-            except StoreError as e:
+                server = _serve(n, opts.iface)
+            except (StoreError, NetworkError) as e:
                 note(f"node 0 ({socket.gethostname()}): {e}")
                 return 1
             if opts.verbose:
@@ -168,19 +172,31 @@ def run_node(opts) -> int:
             signal.signal(signum, handler)
 
 
-def _serve(n: NodeOptions) -> KVStoreServer:
-    """Node 0's store on the endpoint's port: on the endpoint's address when it is one
-    of ours, else on every address (a Kubernetes service name may resolve elsewhere)."""
+def _serve(n: NodeOptions, iface: str | None) -> KVStoreServer:
+    """Node 0's store on the endpoint's port, on one address: HVD_TORCH_STORE_BIND's if
+    set (0.0.0.0 for every address), else --network-interface's, else the endpoint's.
+    Never every address unless asked: that would offer the store to every network the
+    node is on.  Raises StoreError or NetworkError."""
+    limits = StoreLimits.for_job(n.nnodes * n.nproc_per_node)
+    address = os.environ.get(BIND_ENV, "").strip()
+    if not address and iface:
+        address = interface_address(iface)
+    if address:
+        return KVStoreServer(address, n.port, n.secret, limits).start()
+    hint = (
+        f"is {n.host} this node? Give --network-interface, or set {BIND_ENV}=ADDRESS "
+        f"({BIND_ENV}=0.0.0.0 listens on every address)"
+    )
     try:
         address = socket.gethostbyname(n.host)
-    except OSError:
-        address = "0.0.0.0"
+    except OSError as e:
+        raise StoreError(f"cannot resolve the endpoint {n.host} here ({e}): {hint}") from None
     try:
-        return KVStoreServer(address, n.port, n.secret).start()
-    except StoreError:
-        if address == "0.0.0.0":
-            raise
-        return KVStoreServer("0.0.0.0", n.port, n.secret).start()
+        return KVStoreServer(address, n.port, n.secret, limits).start()
+    except StoreError as e:
+        if getattr(e.__cause__, "errno", None) != errno.EADDRNOTAVAIL:
+            raise  # e.g. the port is taken
+        raise StoreError(f"{e}: {hint}") from None
 
 
 def _run(opts, n: NodeOptions, client: KVStoreClient, procs, received, timeout: float) -> int:

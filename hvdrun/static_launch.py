@@ -23,7 +23,7 @@ from .network import NetworkError, store_address
 from .output import RankFiles, note
 from .processes import Processes
 from .ssh import SshSettings, check_reachable, remote_command
-from .store import KVStoreServer, make_secret
+from .store import KVStoreServer, StoreError, StoreLimits, make_secret
 from .supervise import RankInfo, supervise
 
 __all__ = ["StaticJob", "run_static"]
@@ -82,7 +82,12 @@ def _run(job: StaticJob, procs: Processes, received: list[int]) -> int:
         note(f"error: {e}")
         return 1
     secret = make_secret()
-    with KVStoreServer(address, 0, secret) as store:
+    try:
+        store = KVStoreServer(address, 0, secret, StoreLimits.for_job(len(job.placements))).start()
+    except StoreError as e:
+        note(f"error: {e}")
+        return 1
+    with store:
         if job.verbose:
             note(f"store listening on {store.address}")
         infos = []

@@ -10,7 +10,10 @@ each name below is the very same module object, so monkeypatching one patches bo
 import importlib
 import sys
 
-_MODULES = ("discovery", "elastic_driver", "elastic_keys", "elastic_launch", "env", "launch", "store")
+_MODULES = (
+    "discovery", "elastic_driver", "elastic_keys", "elastic_launch", "env", "launch", "store",
+    "store_protocol", "store_server",
+)  # fmt: skip
 
 for _name in _MODULES:
     sys.modules[f"{__name__}.{_name}"] = importlib.import_module(f"hvdrun.{_name}")
