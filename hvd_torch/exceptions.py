@@ -1,4 +1,18 @@
-"""Exceptions with Horovod's names and meaning."""
+"""Exceptions with Horovod's names and meaning, and the one class hvd-torch adds.
+
+Which failure raises which class (docs/errors.md):
+
+- a caller's mistake seen by the calling rank alone (a bad argument, a name in
+  flight, a set this rank is not in): the built-in ValueError, as in Horovod;
+- a caller's mistake seen across ranks (ranks that disagree on shapes, dtypes,
+  ops, root ranks, ...), or a reduce op a collective does not support
+  (reducescatter with Adasum): hvd_torch.exceptions.ValueError below, which
+  `except ValueError` and Horovod users' `except RuntimeError` both catch;
+- a dead peer, a lost network, a shutdown under an op: HorovodInternalError,
+  the one elastic training restores and retries on.
+"""
+
+import builtins
 
 
 class HorovodInternalError(RuntimeError):
@@ -15,3 +29,23 @@ class HostsUpdatedInterrupt(RuntimeError):
     def __init__(self, skip_sync=False):
         super().__init__("hosts updated")
         self.skip_sync = skip_sync
+
+
+class ValueError(builtins.ValueError, RuntimeError):  # noqa: A001  (see the docstring)
+    """A caller's mistake that Horovod raises as a RuntimeError: ranks that
+    disagree (shapes, first dimensions, dtypes, reduce ops, scale factors, root
+    ranks, alltoall shapes, reducescatter dimensions, process sets, one op's
+    name used for another op), and a reduce op a collective does not support
+    (reducescatter with Adasum, Min, Max or Product).
+
+    It is a ValueError, as hvd-torch has always raised these (a bug in the
+    script: fix the call; the job goes on), and a RuntimeError, as Horovod
+    raises them (its HorovodInternalError derives from RuntimeError), so code
+    written for either catches it. It is not a HorovodInternalError: elastic
+    training does not restore and retry a bug in the script forever.
+
+    It is named ValueError because it is one: messages and tracebacks read
+    `hvd_torch.exceptions.ValueError: ...`. The C++ layer raises it
+    (csrc/torch/adapter.cc, RefusedError), decided by the failure's kind,
+    never by its message.
+    """

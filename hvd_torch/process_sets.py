@@ -46,13 +46,15 @@ class ProcessSet:
         self.ranks = ranks
 
     def size(self):
-        """Number of ranks in the set (None before init)."""
+        """Number of ranks in the set (None before init), on every rank: members
+        or not, every rank registered the set, as in Horovod."""
         if not _C.is_initialized():
             return None
         return _C.process_set_size(self._id())
 
     def rank(self):
-        """This process's position in the set (None before init)."""
+        """This process's position in the set (None before init); a ValueError on
+        a rank outside the set, as in Horovod."""
         if not _C.is_initialized():
             return None
         return _C.process_set_rank(self._id())

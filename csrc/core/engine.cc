@@ -1032,7 +1032,7 @@ void Engine::run(const Response& response) {
   Status status;
   switch (response.kind) {
     case Response::kError:
-      status = Status::invalidArgument(response.error);
+      status = Status::refused(response.error);
       break;
     case Response::kInline:
       if (response.type == OpType::kReducescatter) {

@@ -70,17 +70,23 @@ const char* reduceOpName(ReduceOp op);
 const char* opTypeName(OpType op);
 bool isFloatingPoint(DataType dtype);
 
-// Outcome of an operation. kInvalidArgument is the caller's mistake (the job
-// can go on); kPeerFailure means a peer or the network is gone (re-init needed);
-// kShutdown means the engine stopped before the op ran; kInternal means an
-// invariant of hvd-torch itself broke (a bug to report, not a reason to retry).
+// Outcome of an operation. kInvalidArgument is the caller's mistake seen by
+// this rank alone (the job can go on); kRefused is a caller's mistake the
+// coordinator found by comparing the ranks' requests (ranks that disagree, an
+// op on a set being removed, an op other ranks' join() rules out): the job
+// goes on too, but Horovod reports these from synchronize() as a RuntimeError,
+// so the torch layer raises them as one as well (docs/errors.md); kPeerFailure
+// means a peer or the network is gone (re-init needed); kShutdown means the
+// engine stopped before the op ran; kInternal means an invariant of hvd-torch
+// itself broke (a bug to report, not a reason to retry).
 struct Status {
   enum Code : uint8_t {
     kOk = 0,
     kInvalidArgument = 1,
     kPeerFailure = 2,
     kShutdown = 3,
-    kInternal = 4
+    kInternal = 4,
+    kRefused = 5
   };
   Code code = kOk;
   std::string message;
@@ -88,6 +94,7 @@ struct Status {
   bool ok() const { return code == kOk; }
   static Status Ok() { return {}; }
   static Status invalidArgument(std::string msg) { return {kInvalidArgument, std::move(msg)}; }
+  static Status refused(std::string msg) { return {kRefused, std::move(msg)}; }
   static Status peerFailure(std::string msg) { return {kPeerFailure, std::move(msg)}; }
   static Status shutdown(std::string msg) { return {kShutdown, std::move(msg)}; }
   static Status internal(std::string msg) { return {kInternal, std::move(msg)}; }

@@ -87,6 +87,8 @@ PYBIND11_MODULE(_C, m) {
     pybind11::gil_scoped_release no_gil;
     hvd::torch_layer::removeProcessSet(id);
   });
+  m.def("set_refused_error_type", &hvd::torch_layer::setRefusedErrorType,
+        "The class raised for ranks that disagree (hvd_torch.exceptions.ValueError).");
   m.def("process_set_rank", &hvd::torch_layer::processSetRank);
   m.def("process_set_size", &hvd::torch_layer::processSetSize);
   m.def("process_set_ranks", [](int64_t id) {

@@ -1,6 +1,7 @@
 #include "adapter.h"
 
 #include <pybind11/pybind11.h>
+#include <torch/csrc/Exceptions.h>
 
 #include <atomic>
 #include <mutex>
@@ -29,10 +30,34 @@ int64_t next_handle = 1;
 constexpr int64_t kThisThreadsOp = 0;
 thread_local Pending t_this_threads_op;
 
+// The Python class of RefusedError; null until hvd_torch registers it. Read
+// and written with the GIL held (registration at import; python_type() from
+// torch's translation of the exception into a Python error).
+PyObject* refused_error_type = nullptr;
+
+// A caller's mistake that Horovod reports as a RuntimeError: ranks that
+// disagree (its synchronize() raises HorovodInternalError), an op a collective
+// does not support. torch's error translation (HANDLE_TH_ERRORS, and its
+// pybind11 translator for torch.ops and our module's functions) raises a
+// torch::PyTorchError as the Python type it names: here
+// hvd_torch.exceptions.ValueError, a subclass of both ValueError and
+// RuntimeError, so that `except ValueError` and Horovod users'
+// `except RuntimeError` both catch it, while it stays out of elastic's
+// HorovodInternalError retry path. TorchScript's interpreter turns it into a
+// RuntimeError, as it does every error.
+struct RefusedError : torch::PyTorchError {
+  using torch::PyTorchError::PyTorchError;
+  PyObject* python_type() override {
+    return refused_error_type != nullptr ? refused_error_type : PyExc_ValueError;
+  }
+};
+
 // How an op's failure crosses to Python, decided by its kind, never by text
 // (hvd_torch/ops.py maps the types; docs/errors.md):
-//   caller's mistake (Status::kInvalidArgument, argument checks) -> c10::ValueError
-//     -> ValueError;
+//   caller's mistake seen by this rank (Status::kInvalidArgument, argument
+//     checks) -> c10::ValueError -> ValueError;
+//   caller's mistake seen across ranks (Status::kRefused) -> RefusedError ->
+//     hvd_torch.exceptions.ValueError (a ValueError and a RuntimeError);
 //   peer failure or shutdown -> c10::DistNetworkError -> HorovodInternalError
 //     (elastic training restores and retries on it);
 //   broken invariant (Status::kInternal) -> c10::Error -> RuntimeError naming a bug.
@@ -40,6 +65,8 @@ thread_local Pending t_this_threads_op;
   switch (status.code) {
     case Status::kInvalidArgument:
       TORCH_CHECK_VALUE(false, status.message);
+    case Status::kRefused:
+      throw RefusedError(status.message);
     case Status::kPeerFailure:
     case Status::kShutdown:
       C10_THROW_ERROR(DistNetworkError, status.message);
@@ -49,9 +76,9 @@ thread_local Pending t_this_threads_op;
   }
 }
 
-// The set's ranks; a clear error when it does not exist or lacks this rank.
-std::vector<int> requireMember(const Engine& engine, int64_t process_set, const char* op,
-                               const std::string& name) {
+// The set's ranks; a clear error when it does not exist.
+std::vector<int> requireSet(const Engine& engine, int64_t process_set, const char* op,
+                            const std::string& name) {
   std::vector<int> ranks;
   if (!engine.processSets().find(static_cast<int32_t>(process_set), &ranks)) {
     std::vector<int> ids;
@@ -60,6 +87,13 @@ std::vector<int> requireMember(const Engine& engine, int64_t process_set, const 
                 " does not exist (registered: ", rankList(ids),
                 "); register it with hvd.add_process_set() on every rank first");
   }
+  return ranks;
+}
+
+// The set's ranks; a clear error when it does not exist or lacks this rank.
+std::vector<int> requireMember(const Engine& engine, int64_t process_set, const char* op,
+                               const std::string& name) {
+  std::vector<int> ranks = requireSet(engine, process_set, op, name);
   TORCH_CHECK_VALUE(indexIn(ranks, engine.topology().rank) >= 0, "hvd_torch.", op, " '", name,
               "': rank ", engine.topology().rank, " is not in process set ", process_set,
               " (ranks ", rankList(ranks), ")");
@@ -142,7 +176,15 @@ int64_t processSetRank(int64_t process_set) {
 
 int64_t processSetSize(int64_t process_set) {
   auto engine = requireEngine("process set size");
-  return static_cast<int64_t>(requireMember(*engine, process_set, "process set", "").size());
+  // Every rank knows every set's ranks (registration is a collective), so a
+  // set's size is an answer for non-members too, as in Horovod.
+  return static_cast<int64_t>(requireSet(*engine, process_set, "process set", "").size());
+}
+
+void setRefusedErrorType(const pybind11::handle& type) {
+  Py_XINCREF(type.ptr());
+  Py_XDECREF(refused_error_type);
+  refused_error_type = type.ptr();
 }
 
 int64_t addHandle(Pending pending) {
@@ -428,8 +470,11 @@ int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_na
   const std::string name = opName("reducescatter", user_name, process_set);
   const std::vector<int> members = requireMember(*engine, process_set, "reducescatter", name);
   DataType dtype = toDataType(tensor, "reducescatter", name);
-  TORCH_CHECK_VALUE(op == 0 || op == 1, "hvd_torch.reducescatter '", name, "': unsupported reduce op ",
-              op, " (Average=0 and Sum=1 are supported, as in Horovod)");
+  // Horovod refuses other ops (Adasum among them) with a RuntimeError.
+  if (op != 0 && op != 1) {
+    throw RefusedError(c10::str("hvd_torch.reducescatter '", name, "': unsupported reduce op ",
+                                op, " (Average=0 and Sum=1 are supported, as in Horovod)"));
+  }
   TORCH_CHECK_VALUE(tensor.dim() >= 1, "hvd_torch.reducescatter '", name,
               "': the tensor needs at least one dimension to scatter");
   TORCH_CHECK_VALUE(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),

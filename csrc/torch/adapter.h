@@ -11,8 +11,17 @@
 
 #include "../core/engine.h"
 
+namespace pybind11 {
+class handle;
+}
+
 namespace hvd {
 namespace torch_layer {
+
+// The Python class raised for a caller's mistake that Horovod reports as a
+// RuntimeError (adapter.cc, RefusedError); hvd_torch sets it once at import,
+// holding the GIL. Until then those errors are plain ValueErrors.
+void setRefusedErrorType(const pybind11::handle& type);
 
 // The engine, or a clear error when init() has not been called.
 std::shared_ptr<Engine> requireEngine(const char* op);
@@ -24,8 +33,9 @@ DataType toDataType(const at::Tensor& t, const char* op, const std::string& name
 std::string opName(const char* op, const std::string& name, int64_t process_set);
 void resetNameCounter();
 
-// This rank's position in a process set, and the set's size; a clear error
-// when the set does not exist or does not contain this rank.
+// This rank's position in a process set (a clear error when the set does not
+// exist or does not contain this rank), and the set's size (on every rank; a
+// clear error when the set does not exist).
 int64_t processSetRank(int64_t process_set);
 int64_t processSetSize(int64_t process_set);
 // Collective over every rank (same ranks, same order on each): returns the new id.
