@@ -11,6 +11,14 @@ samples, so the natural loop
         ...
 
 would, after a mid-epoch reset, train the whole epoch again.
+
+Progress is kept twice.  processed_indices (ours) holds the samples themselves:
+a reset re-shards exactly the ones not yet trained on, whichever worker trained
+the others.  processed_num (Horovod 0.28.1's public counter) is the number of
+samples of this epoch all workers together have processed, counted as Horovod
+counts them: each record_batch(batch_idx, batch_size) adds batch_size times the
+number of workers (so the padding of a last short batch counts too).  Both are in
+state_dict(), come back with state.restore(), and start from zero at a new epoch.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.seed = seed
         self.epoch = 0
         self.processed_indices: set[int] = set()
+        self.processed_num = 0
         self.num_replicas = 1
         self.rank = 0
         self.remaining_indices: list[int] = []
@@ -77,11 +86,15 @@ class ElasticSampler(torch.utils.data.Sampler):
             return
         self.epoch = epoch
         self.processed_indices = set()
+        self.processed_num = 0
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Marks this replica's batch batch_idx (of batch_size samples) as processed."""
+        """Marks this replica's batch batch_idx (of batch_size samples) as processed,
+        and counts batch_size samples for every replica in processed_num (Horovod's
+        count: the replicas step together)."""
         self.record_indices(self.get_indices(batch_idx, batch_size))
+        self.processed_num += batch_size * self.num_replicas
 
     def record_indices(self, indices) -> None:
         self.processed_indices.update(int(i) for i in indices)
@@ -91,11 +104,26 @@ class ElasticSampler(torch.utils.data.Sampler):
         return self.indices[start : start + batch_size]
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
+        return {
+            "epoch": self.epoch,
+            "processed_indices": set(self.processed_indices),
+            "processed_num": self.processed_num,
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Takes our state_dict(), or Horovod's ({"epoch", "processed_num"}, e.g.
+        from a checkpoint): without processed_indices, the first processed_num
+        samples of the epoch's order count as processed, which is what the
+        replicas stepping together through a fresh epoch process first."""
         self.epoch = state_dict["epoch"]
-        self.processed_indices = set(state_dict["processed_indices"])
+        if "processed_indices" in state_dict:
+            self.processed_indices = set(state_dict["processed_indices"])
+            # A state_dict from before processed_num existed: the distinct count.
+            self.processed_num = state_dict.get("processed_num", len(self.processed_indices))
+        else:
+            self.processed_num = state_dict["processed_num"]
+            order = shard(range(len(self.dataset)), self.epoch, self.seed, self.shuffle, 0, 1)
+            self.processed_indices = set(order[: self.processed_num])
         self.reset()
 
     def reset(self) -> None:
