@@ -24,6 +24,7 @@ import torch
 
 from hvd_torch import adasum
 from hvd_torch.compression import Compression
+from hvd_torch.optimizer import _require_init
 
 _NO_SKIP = ("Skipping synchronization is not supported when using Adasum optimizer: "
             "the update, not the gradient, is reduced, in step()")
@@ -48,6 +49,7 @@ class _AdasumOptimizer:
         raise AssertionError(_NO_SKIP)
 
     def step(self, closure=None):
+        _require_init("step")  # membership, and the deltas' reduction, need init()
         loss = closure() if closure is not None else None
         if not self.process_set.included():
             super().step()  # outside the set: trains on its own, as in Horovod

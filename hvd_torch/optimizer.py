@@ -18,7 +18,7 @@ import weakref
 
 import torch
 
-from hvd_torch.basics import Adasum, Average, Max, Min, Product, Sum
+from hvd_torch.basics import Adasum, Average, Max, Min, Product, Sum, is_initialized
 from hvd_torch.compression import Compression, _CastCompressor
 from hvd_torch.ops import (allreduce_async_, global_process_set, sparse_allreduce_async,
                            synchronize)
@@ -37,6 +37,18 @@ _TOO_MANY_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
     "Increase backward_passes_per_step to accumulate gradients locally."
 )
+_BEFORE_INIT = (
+    "DistributedOptimizer.{what}() was called before hvd_torch.init(): no gradient has been "
+    "averaged over the ranks, and stepping now would train this rank alone. Call hvd.init() "
+    "before the first step() (building the optimizer before init() is fine: its gradient "
+    "hooks go on at the first step() or synchronize() after init())"
+)
+
+
+def _require_init(what):
+    """A wrapped optimizer never steps unsynchronised without a word."""
+    if not is_initialized():
+        raise ValueError(_BEFORE_INIT.format(what=what))
 
 
 class _InFlight:
@@ -90,10 +102,18 @@ class _DistributedOptimizer:
             groups, [p for p in params if p.requires_grad])
         self._group_ready = [set() for _ in self._groups]
         self._hook_handles = []
+        self._unhooked = []  # parameters waiting for init() (see _hook)
         self._hook(params)
 
     def _hook(self, params):
         """Registers the gradient hook on those of `params` that require grad."""
+        if not is_initialized():
+            # Built before hvd.init() (a Ray actor's constructor, say): whether this
+            # rank is in the process set is not known yet. The hooks go on at the
+            # first step() or synchronize() after init(), which reduces that step's
+            # gradients itself; a step() before init() raises (_require_init).
+            self._unhooked.extend(params)
+            return
         if not self.process_set.included():
             # A rank outside the set steps on its own gradients, as in Horovod
             # (its synchronize() does nothing): nothing to hook.
@@ -206,6 +226,7 @@ class _DistributedOptimizer:
         gradient if it has none. Every rank does the same, so the ranks that
         did compute it are not left waiting.
         """
+        self._hook_deferred("synchronize")
         if not self.process_set.included():
             self._synchronized = True
             return
@@ -248,6 +269,7 @@ class _DistributedOptimizer:
             self._should_synchronize = True
 
     def step(self, closure=None):
+        self._hook_deferred("step")
         loss = None
         if closure is not None:
             # The closure's backward must be reduced before the update, so it
@@ -297,6 +319,14 @@ class _DistributedOptimizer:
         for p in new:
             self._parameter_names[p] = names[p]
         self._hook(new)
+
+    def _hook_deferred(self, what):
+        """Hooks the parameters set aside before init(); raises if init() has
+        still not been called. One list check per step once hooked."""
+        _require_init(what)
+        if self._unhooked:
+            params, self._unhooked = self._unhooked, []
+            self._hook(params)
 
     def set_backward_passes_per_step(self, passes):
         _check_passes(passes)
@@ -448,6 +478,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     step(closure) runs the closure first, then synchronizes, then calls the
     wrapped step() without it; optimizers that evaluate the closure more than
     once per step (LBFGS) are not supported.
+
+    It may be built before hvd.init() (in a Ray actor's constructor, say): the
+    hooks then go on at the first step() or synchronize() after init(), which
+    reduces that step's gradients itself. step() or synchronize() while init()
+    has never been called raises a ValueError rather than train this rank alone.
 
     Parameters without a gradient. A parameter that requires grad but got no
     gradient this step on some rank (a branch not taken, a layer used only on
