@@ -6,12 +6,18 @@ PY := $(VENV)/bin/python
 NP ?= 2
 # A safety net for a hung multi-rank test (pytest-timeout), not a budget.
 PYTEST_TIMEOUT ?= 900
+# pytest-xdist workers for the parallel part of `make test`: most tests wait
+# (for peers, timeouts, Ray, ssh) more than they compute, so two overlap well
+# on two cores.  JOBS=0 runs everything in this process, one test at a time.
+JOBS ?= 2
+PYTEST := $(PY) -m pytest -q --timeout=$(PYTEST_TIMEOUT) --durations=25
+XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 
 # The venv first on PATH, so recipes read like the commands in the README
 # (`hvdrun -np 2 python ...`) and ranks start the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test bench bench-setup synthetic clean distclean
+.PHONY: setup demo test test-fast bench bench-setup synthetic clean distclean
 
 setup:
 	bash scripts/setup.sh
@@ -19,8 +25,20 @@ setup:
 demo: setup
 	hvdrun -np $(NP) python examples/digits_allreduce.py
 
+# Every test: the parallel part, then the tests marked serial (they measure
+# the machine: bytes on loopback, a whole-machine job) alone.  tests/conftest.py
+# has the tiers; the 25 slowest tests of each part are printed at the end.
 test: setup
-	$(PY) -m pytest -q --timeout=$(PYTEST_TIMEOUT) tests
+	$(PYTEST) $(XDIST) -m "not serial" tests
+	$(PYTEST) -m serial tests
+
+# The unit tier and the C++ unit tests: no process of ours starts; seconds.
+test-fast: setup
+	$(PYTEST) -m unit tests
+
+# One tier: make test-ranks, test-launcher, test-multihost, test-ray, test-gpu, test-slow.
+test-%: setup
+	$(PYTEST) $(XDIST) -m $* tests
 
 # Open MPI, mpi4py and matplotlib: the benchmark's own needs, never the tests'.
 bench-setup: setup

@@ -1,5 +1,5 @@
 """Where the build finds CUDA, NCCL and Gloo: one place, shared by setup.py and
-the CUDA compile check (tests/test_cuda_build.py).
+the CUDA compile check (tests/gpu/test_cuda_build.py).
 
 Features are detected, not chosen: CUDA sources compile when torch is a CUDA
 build and nvcc is found; NCCL links when the nvidia-nccl wheel that torch uses

@@ -13,7 +13,7 @@ reports each epoch's accuracy to the driver (ray_integration.report), which
 prints it. With --kill-at-epoch E the first rank 0 kills its own process
 (SIGKILL, as if its machine died) right after reporting epoch E, before that
 epoch's commit: the survivors restore the last commit, redo the epoch, and a
-replacement actor receives the state. (tests/test_ray_elastic.py kills an actor
+replacement actor receives the state. (tests/ray/test_ray_elastic.py kills an actor
 with ray.kill; a kill from here is exact in time, which a demo that checks its
 own outcome needs.) At the end every worker returns its weights and the script
 checks they are identical. See docs/ray.md, "Elastic mode".

@@ -2,7 +2,7 @@
 # `pip install .` into a fresh virtual environment that already has torch, as a
 # user would do it (build isolation on), then `import hvd_torch` and the doctor.
 # Slow (a full build: about 7 minutes on 2 busy cores), so not part of `make test`;
-# tests/test_install.py covers the quick paths (the import-time check, the sdist).
+# tests/slow/test_install.py covers the quick paths (the import-time check, the sdist).
 #
 #   scripts/check_install.sh [WORKDIR]
 #

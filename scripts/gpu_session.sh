@@ -29,7 +29,7 @@ prepare() {
 # Ray (the version scripts/setup.sh installs) and the one dependency the image
 # lacks, jsonschema, for Python 3.12, unpacked into one site folder. Ray's wheel
 # (75 MiB) is more than one call carries; without its Java jars, its
-# dashboard's web client and RLlib, which tests/test_ray_gpu.py never loads, it
+# dashboard's web client and RLlib, which tests/gpu/test_ray_gpu.py never loads, it
 # packs into about 40 MB.
 prepare_ray() {
     local version tmp
@@ -115,12 +115,12 @@ hvd.nccl_built())" 2>&1 | tee -a "$work/device.txt" || true
     local pytest=(python3 -m pytest -q -rfE --timeout=240 --durations=25 -p no:cacheprovider)
     # The GPU tests start 1-3 rank processes each: run four tests at a time
     # (16 cores; the ranks of different tests share the GPU like any ranks do).
-    # tests/test_cuda_build.py is CI's compile check: the build phase did that.
+    # tests/gpu/test_cuda_build.py is CI's compile check: the build phase did that.
     local workers=()
     python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
     phase gpu-tests 220 "${pytest[@]}" "${workers[@]}" --junitxml="$work/gpu-tests.xml" \
-        ${GPU_TESTS:-tests/test_cuda_ops.py tests/test_cuda_training.py \
-        tests/test_cuda_sets_join.py tests/test_cuda_adasum.py tests/test_ray_gpu.py}
+        ${GPU_TESTS:-tests/gpu/test_cuda_ops.py tests/gpu/test_cuda_training.py \
+        tests/gpu/test_cuda_sets_join.py tests/gpu/test_cuda_adasum.py tests/gpu/test_ray_gpu.py}
     phase bench 150 python3 bench/gpu_bench.py --json "$out/gpu_bench.json"
     phase digits-np1 45 python3 -m hvdrun -np 1 python3 examples/digits_train.py \
         --device cuda --epochs 3 --no-resume --checkpoint /tmp/digits1.pt
@@ -129,8 +129,8 @@ hvd.nccl_built())" 2>&1 | tee -a "$work/device.txt" || true
     phase synthetic 45 python3 -m hvdrun -np 1 python3 examples/synthetic_benchmark.py \
         --device cuda --num-iters 3 --json "$work/synthetic.json"
     # The CPU path of the CUDA build, with what time is left.
-    phase cpu-tests 600 "${pytest[@]}" "${workers[@]}" ${CPU_TESTS:-tests/test_allreduce.py \
-        tests/test_errors.py tests/test_grouped.py tests/test_optimizer.py}
+    phase cpu-tests 600 "${pytest[@]}" "${workers[@]}" ${CPU_TESTS:-tests/ranks/test_allreduce.py \
+        tests/ranks/test_errors.py tests/ranks/test_grouped.py tests/ranks/test_optimizer.py}
     cat "$work/summary.txt"
 }
 

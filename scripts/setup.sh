@@ -18,9 +18,9 @@ ROOT=$(pwd)
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 TORCH_VERSION=2.13.0
-TOOLS=(setuptools wheel ninja numpy pytest pytest-timeout scikit-learn tqdm tensorboard "ray[tune,client]==2.58.0")
+TOOLS=(setuptools wheel ninja numpy pytest pytest-timeout pytest-xdist scikit-learn tqdm tensorboard "ray[tune,client]==2.58.0")
 # Import names for TOOLS, to tell "installed" without asking pip (slow).
-TOOL_MODULES="setuptools wheel ninja numpy pytest pytest_timeout sklearn tqdm tensorboard ray grpc"
+TOOL_MODULES="setuptools wheel ninja numpy pytest pytest_timeout xdist sklearn tqdm tensorboard ray grpc"
 
 say() { echo "[setup] $*"; }
 
@@ -41,7 +41,7 @@ else
     apt_install libgloo-dev
 fi
 
-# 1b. What the multi-host tests run on (tests/netns_hosts.py): network namespaces
+# 1b. What the multi-host tests run on (tests/harness/netns_hosts.py): network namespaces
 # (iproute2) with an sshd in each (openssh-server), reached with ssh (openssh-client).
 # hvdrun itself needs only the client, on the launching machine.
 if command -v ip >/dev/null && command -v ssh >/dev/null && [ -x /usr/sbin/sshd ]; then
@@ -111,6 +111,8 @@ elif ! (cd / && "$PY" -c "import hvd_torch") 2>/dev/null; then
     reason="hvd_torch not importable from the venv"
 elif [ ! -x "$VENV/bin/hvdrun" ] || ! grep -q "from hvdrun.launch" "$VENV/bin/hvdrun"; then
     reason="hvdrun not installed in the venv (or an old one, before the hvdrun package)"
+elif [ ! -x "$VENV/bin/horovodrun" ]; then
+    reason="horovodrun not installed in the venv (an install from before the command)"
 fi
 
 if [ -z "$reason" ]; then
@@ -125,7 +127,7 @@ else
     say "hvd_torch: built in $(( $(date +%s) - start ))s"
 fi
 # 4. NCCL's headers for the CUDA compile check ----------------------------------
-# With nvcc here but a CPU build of torch, tests/test_cuda_build.py compiles the
+# With nvcc here but a CPU build of torch, tests/gpu/test_cuda_build.py compiles the
 # CUDA sources against nccl.h from the nvidia-nccl wheel: only its include/ is
 # unpacked (the 200 MB wheel's library is not needed to compile).
 NCCL_WHEEL="nvidia-nccl-cu13==2.28.9"

@@ -8,7 +8,7 @@
 // run shows every failure. A test passes when none of its checks failed and it
 // threw nothing. runAll() prints one closing line, "N passed, M failed" (N and
 // M count tests, not checks), and returns non-zero when M > 0;
-// tests/test_cpp_units.py reads that line.
+// tests/unit/test_cpp_units.py reads that line.
 //
 // Checks may sit in loops over millions of cases: each test prints its first
 // kMaxPrinted failures and counts the rest.

@@ -4,7 +4,7 @@
 //   test_store_client HOST PORT SECRET_HEX --closed   block in get() until the
 //                                                     server is stopped
 //
-// The caller (tests/test_store.py) serves the store and sets "py/hello" to
+// The caller (tests/launcher/test_store.py) serves the store and sets "py/hello" to
 // "from python" beforehand, so the two implementations are checked against each
 // other, not only against themselves. Uses tests/cpp/check.h: prints
 // "N passed, M failed" and exits 0 iff nothing failed.

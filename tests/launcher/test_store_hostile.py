@@ -461,6 +461,7 @@ def test_store_serves_when_no_thread_can_start_and_descriptors_run_out():
     assert max(latencies) < LATENCY_LIMIT, latencies
 
 
+@pytest.mark.unit
 def test_per_node_store_listens_on_one_address(monkeypatch):
     """Node 0's store binds the endpoint's address, --network-interface's, or
     HVD_TORCH_STORE_BIND's; never every address unless asked.  No traffic: the

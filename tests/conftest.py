@@ -1,0 +1,151 @@
+"""The suite's tiers, and what every test shares: the harness on sys.path, the
+warm rank pools, one Ray per cluster shape.
+
+Every test belongs to exactly one tier.  Its folder gives it (tests/unit,
+tests/ranks, tests/launcher, tests/multihost, tests/ray, tests/gpu,
+tests/slow); a test may name another tier with a marker of its own (a unit
+check inside a feature's rank file carries @pytest.mark.unit).  Run one tier
+with `pytest -m TIER tests`; `make test-fast` is the unit tier plus the C++
+units.  `serial` is not a tier: it marks tests that measure the machine
+(bytes on loopback, CPU time, a whole-machine job) and must not share it,
+so `make test` runs them after the parallel part, alone.
+
+A unit test starts no process: the suite fails a unit-tier test that does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+# The harness modules (dist_harness, rank_pool, ...) import by plain name, and
+# so do the test modules that share helpers across tiers (test_adasum's
+# reference for the GPU tests): every folder is on sys.path, the harness first.
+for _folder in ["harness", "unit", "ranks", "launcher", "multihost", "ray", "gpu", "slow"][::-1]:
+    if str(TESTS / _folder) not in sys.path:
+        sys.path.insert(0, str(TESTS / _folder))
+
+TIERS = {
+    "unit": "starts no process; seconds in all",
+    "ranks": "multi-rank jobs through the harness (warm rank pools)",
+    "launcher": "hvdrun, the doctor, examples and other subprocesses",
+    "multihost": "hosts in network namespaces with an sshd each",
+    "ray": "a real local Ray (one per cluster shape) or Ray clusters",
+    "gpu": "needs a CUDA GPU (skips without one) or builds the CUDA sources",
+    "slow": "soaks, installs and benchmark CLIs: minutes each",
+}
+OTHER_MARKERS = {
+    "serial": "measures the machine (loopback bytes, CPU time): runs alone, after the rest",
+    "cpp": "builds and runs the C++ unit tests (a make subprocess, still in the unit tier)",
+}
+
+
+def pytest_configure(config):
+    for name, what in {**TIERS, **OTHER_MARKERS}.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def tier_of(item) -> str:
+    """The tier a test belongs to: its own tier marker, else its folder's."""
+    own = [m.name for m in item.iter_markers() if m.name in TIERS]
+    if own:
+        return own[0]
+    folder = Path(str(item.fspath)).resolve().parent.name
+    if folder not in TIERS:
+        raise pytest.UsageError(f"{item.nodeid}: a test file outside the tier folders "
+                                f"({', '.join(TIERS)}) and with no tier marker")
+    return folder
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = tier_of(item)
+        if not item.get_closest_marker(tier):
+            item.add_marker(getattr(pytest.mark, tier))
+        group = _xdist_group(item, tier)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # Ray modules that share a cluster shape run one after another, so one Ray
+    # serves them all (harness/ray_harness.py starts a new one only when the
+    # shape changes).  sorted() is stable: within a shape, file order stays.
+    def shape_key(item):
+        shape = getattr(item.module, "RAY_SHAPE", None) if item.get_closest_marker("ray") else None
+        return (0, "") if shape is None else (1, repr(sorted(shape.items())))
+
+    items[:] = sorted(items, key=shape_key)
+
+
+def _xdist_group(item, tier):
+    """Tests that must share one pytest-xdist worker (--dist loadgroup): the Ray
+    modules of one cluster shape share their local Ray, the namespace hosts are
+    one set of addresses that one job at a time can use, and the C++ units are
+    one `make` in one build folder."""
+    if tier == "ray":
+        shape = getattr(item.module, "RAY_SHAPE", None)
+        if shape:
+            return "ray-" + "-".join(f"{k}{v}" for k, v in sorted(shape.items()))
+        return f"ray-{item.module.__name__}"
+    if tier == "multihost":
+        return "multihost"
+    if item.get_closest_marker("cpp"):
+        return "cpp"
+    return None
+
+
+# ---------------------------------------------------------------- unit tier
+
+
+_spawned: list[list] = []
+_real_popen_init = subprocess.Popen.__init__
+
+
+def _counting_popen_init(self, *args, **kwargs):
+    if _spawned:
+        _spawned[-1].append(args[0] if args else kwargs.get("args"))
+    _real_popen_init(self, *args, **kwargs)
+
+
+subprocess.Popen.__init__ = _counting_popen_init
+
+
+def _audit_unit(item):
+    """Runs one phase of a test; a unit test that starts a process in it (or in
+    a fixture it sets up) is in the wrong tier and fails."""
+    checked = item.get_closest_marker("unit") and not item.get_closest_marker("cpp")
+    _spawned.append([])
+    try:
+        result = yield
+    finally:
+        started = _spawned.pop()
+    if checked and started:
+        raise AssertionError(f"{item.nodeid} is in the unit tier but started processes "
+                             f"{started[:3]}: mark it with the tier it belongs to")
+    return result
+
+
+pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_audit_unit)
+pytest_runtest_call = pytest.hookimpl(wrapper=True)(_audit_unit)
+
+
+# ---------------------------------------------------------------- rank pools
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import rank_pool
+
+    rank_pool.close_all()
+    if "ray_harness" in sys.modules:
+        sys.modules["ray_harness"].release_shared_ray()
+
+
+def pytest_terminal_summary(terminalreporter):
+    import rank_pool
+
+    if rank_pool.stats["jobs"]:
+        terminalreporter.write_line(
+            f"rank pools: {rank_pool.stats['jobs']} pooled jobs on "
+            f"{rank_pool.stats['pools_started']} pools started")

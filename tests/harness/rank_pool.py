@@ -1,0 +1,306 @@
+"""Warm rank pools: N worker processes that run many multi-rank test functions in turn.
+
+A fresh rank costs an interpreter start and an `import torch` (seconds on two
+cores); most multi-rank tests run for less than that.  A pool keeps N workers
+alive for the whole pytest session.  Each job is one test function: the worker
+takes the rank environment of that job (against the test's own store), runs
+fn, then shuts hvd_torch down and puts the process back as it found it
+(environment, working directory, signal handlers, torch defaults).  So every
+pooled test is also a test that `init()` ... `shutdown()` ... `init()` is clean.
+
+    pool = get_pool(3)
+    outcomes, killed, timed_out = pool.run(job_path, envs, workdir, timeout, stop_on_failure)
+
+A job that leaves a worker dead, hung, killed or unclean (hvd_torch still
+initialised, a thread still running) costs the pool: it is closed and the next
+job starts fresh workers.  dist_harness.run_ranks decides what goes to a pool;
+this file is also the worker's entry point (`python rank_pool.py RANK`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+# Variables that hvd_torch or the engine read once per process (at import or on
+# first use), not at init(): a job that sets one needs fresh processes.
+#   HOROVOD_LOG_LEVEL, HOROVOD_LOG_HIDE_TIME: the engine's logger (csrc/core/log.cc)
+#   HVD_TORCH_OUTPUT_CACHE_MB: the host output pool's cap (csrc/torch/host_output.cc)
+#   HVD_TORCH_GPU_TESTS_ON: read when a GPU test module is imported
+IMPORT_TIME_VARS = frozenset(
+    {"HOROVOD_LOG_LEVEL", "HOROVOD_LOG_HIDE_TIME", "HVD_TORCH_OUTPUT_CACHE_MB",
+     "HVD_TORCH_GPU_TESTS_ON"})
+
+_POOLS: dict[int, "RankPool"] = {}
+# How many jobs pools have run and how many pools were started, for the pool's
+# own tests and the session summary.
+stats = {"jobs": 0, "pools_started": 0}
+
+
+def poolable(env) -> bool:
+    """Whether a job with these extra variables can run on warm workers."""
+    if os.environ.get("HVD_TORCH_TEST_POOL", "1") == "0":
+        return False
+    return not (set(env or {}) & IMPORT_TIME_VARS)
+
+
+def get_pool(nranks: int) -> "RankPool":
+    pool = _POOLS.get(nranks)
+    if pool is None or not pool.alive():
+        if pool is not None:
+            pool.close()
+        pool = _POOLS[nranks] = RankPool(nranks)
+    return pool
+
+
+def close_all() -> None:
+    for pool in list(_POOLS.values()):
+        pool.close()
+    _POOLS.clear()
+
+
+atexit.register(close_all)
+
+
+# How long new workers may take to import torch and hvd_torch (a loaded machine).
+_START_TIMEOUT = 180.0
+
+
+class RankPool:
+    """N workers, one per rank, each in its own process group (so killpg reaches
+    anything fn started).  Used from the test process's main thread only.
+
+    The constructor returns once every worker has imported torch and hvd_torch,
+    so a job's timeout counts the job's time only."""
+
+    def __init__(self, nranks: int):
+        self.nranks = nranks
+        self.procs = []
+        self.start_log = tempfile.NamedTemporaryFile(prefix="hvd-pool-", suffix=".log")
+        for rank in range(nranks):
+            self.procs.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), str(rank)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,  # one line, "ready", once the imports are done
+                stderr=self.start_log,
+                start_new_session=True,
+            ))
+        stats["pools_started"] += 1
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT
+        waiting = {p.stdout.fileno(): p for p in self.procs}
+        while waiting:
+            left = deadline - time.monotonic()
+            readable = select.select(list(waiting), [], [], max(left, 0))[0] if left > 0 else []
+            if not readable:
+                break
+            for fd in readable:
+                line = waiting[fd].stdout.readline()
+                if line == b"ready\n":
+                    del waiting[fd]
+                elif not line:  # it died while importing
+                    deadline = 0
+                # else: something an import printed; the ready line follows
+        for proc in self.procs:
+            proc.stdout.close()
+        if waiting:
+            self.close()
+            with open(self.start_log.name, errors="replace") as f:
+                tail = f.read()[-4000:]
+            raise RuntimeError(f"rank pool of {self.nranks}: worker(s) not ready within "
+                               f"{_START_TIMEOUT:g}s or dead while importing:\n{tail}")
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def run(self, job: str, result_paths, log_paths, timeout: float, stop_on_failure: bool):
+        """Sends one job to every worker and waits for each to finish it.
+
+        Returns (exit codes, ranks killed by us, whether that was the timeout):
+        a worker still alive reports 0 or 1 as a fresh rank would have exited.
+        The pool closes itself when a job leaves it unfit for the next one."""
+        stats["jobs"] += 1
+        for rank, proc in enumerate(self.procs):
+            line = "\t".join((job, result_paths[rank], log_paths[rank])) + "\n"
+            try:
+                proc.stdin.write(line.encode())
+                proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass  # it died between jobs: seen below as a dead worker
+        ready = [p + ".ready" for p in result_paths]
+        deadline = time.monotonic() + timeout
+        after_failure = False
+        while True:
+            codes = [self._code(rank, ready[rank]) for rank in range(self.nranks)]
+            running = [r for r, c in enumerate(codes) if c is None]
+            if not running:
+                break
+            failed = any(c not in (None, 0) for c in codes)
+            if stop_on_failure and not after_failure and failed:
+                after_failure = True
+                deadline = min(deadline, time.monotonic() + _failure_grace())
+            if time.monotonic() >= deadline:
+                self.close()
+                codes = [p.returncode if r in running else codes[r]
+                         for r, p in enumerate(self.procs)]
+                return codes, running, not after_failure
+            time.sleep(0.005)
+        if not self.alive() or not all(_clean(r) for r in ready):
+            self.close()
+        return codes, [], False
+
+    def _code(self, rank: int, ready: str):
+        proc = self.procs[rank]
+        if proc.poll() is not None:
+            return proc.returncode
+        if not os.path.exists(ready):
+            return None
+        with open(ready) as f:
+            return int(f.read().split()[0])
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for proc in self.procs:
+            proc.wait()
+            if proc.stdin:
+                proc.stdin.close()
+        self.start_log.close()
+        if _POOLS.get(self.nranks) is self:
+            del _POOLS[self.nranks]
+
+
+def _failure_grace() -> float:
+    from dist_harness import _FAILURE_GRACE
+
+    return _FAILURE_GRACE
+
+
+def _clean(ready: str) -> bool:
+    with open(ready) as f:
+        return f.read().split()[1] == "clean"
+
+
+# ---------------------------------------------------------------- worker side
+
+
+class _Baseline:
+    """What a job may change in the worker, taken once at start and put back after
+    every job."""
+
+    def __init__(self):
+        import torch
+
+        self.environ = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM,
+                                                          signal.SIGUSR1, signal.SIGHUP)}
+        self.threads = torch.get_num_threads()
+        self.sys_path = list(sys.path)
+
+    def restore(self) -> list[str]:
+        """Puts the process back; returns what could not be (the worker is then unclean)."""
+        import torch
+
+        problems = []
+        try:
+            import hvd_torch
+
+            hvd_torch.shutdown()
+            if hvd_torch.is_initialized():
+                problems.append("hvd_torch still initialised after shutdown()")
+        except Exception as e:  # noqa: BLE001 (an unclean worker, reported, not raised)
+            problems.append(f"shutdown raised {type(e).__name__}: {e}")
+        os.environ.clear()
+        os.environ.update(self.environ)
+        os.chdir(self.cwd)
+        for sig, handler in self.handlers.items():
+            signal.signal(sig, handler)
+        torch.set_default_dtype(torch.float32)
+        torch.set_grad_enabled(True)
+        torch.set_num_threads(self.threads)
+        sys.path[:] = self.sys_path
+        extra = [t.name for t in threading.enumerate()
+                 if t is not threading.main_thread() and t.is_alive()]
+        if extra:
+            problems.append(f"threads still running: {extra}")
+        return problems
+
+
+def _run_job(rank: int, job: str, result_path: str) -> tuple[int, list[str]]:
+    """Runs this rank's part of a job; returns (exit code a fresh rank would have
+    had, problems that make the worker unfit for another job)."""
+    try:
+        with open(job, "rb") as f:
+            paths = pickle.load(f)
+            sys.path[:0] = [p for p in paths if p not in sys.path]
+            envs = pickle.load(f)
+            os.environ.clear()
+            os.environ.update(envs[rank])
+            fn, args, kwargs = pickle.load(f)
+        outcome = ("ok", fn(*args, **kwargs))
+        payload = pickle.dumps(outcome)
+    except BaseException as e:  # noqa: BLE001 (SystemExit, KeyboardInterrupt are outcomes too)
+        outcome = ("error", type(e).__name__, str(e), traceback.format_exc())
+        try:
+            payload = pickle.dumps(outcome)
+        except Exception:  # noqa: BLE001 (an exception whose message holds unpicklables)
+            payload = pickle.dumps(("error", type(e).__name__, str(e), ""))
+    tmp = result_path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(payload)
+    os.replace(tmp, result_path)
+    return (0 if outcome[0] == "ok" else 1), []
+
+
+def _redirect_output(path: str) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _worker_main(rank: int) -> int:
+    import torch  # noqa: F401  (the point of a warm worker: imported once)
+    import hvd_torch  # noqa: F401
+
+    baseline = _Baseline()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    _redirect_output(os.devnull)
+    for line in sys.stdin.buffer:
+        job, result_path, log_path = line.decode().rstrip("\n").split("\t")
+        _redirect_output(log_path)
+        code, problems = _run_job(rank, job, result_path)
+        problems += baseline.restore()
+        for problem in problems:
+            print(f"[rank pool] worker unfit for another job: {problem}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _redirect_output(os.devnull)
+        tmp = result_path + ".ready.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{code} {'unclean' if problems else 'clean'}\n")
+        os.replace(tmp, result_path + ".ready")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(int(sys.argv[1])))

@@ -1,0 +1,222 @@
+"""Eager allreduces of plain CPU tensors (blocking and async), synchronize and poll skip
+the dispatcher (csrc/python/eager_fast_path.cpp): the fast path is taken exactly where
+the dispatcher would add nothing but a version bump, gives the same results, version
+counters and errors as the torch op, and every other case (autograd, subclasses,
+tracing, dispatch and torch-function modes, inference mode, conjugate views) goes
+through the torch op with its usual behaviour. 1 and 2 ranks."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dist_harness import run_ranks  # noqa: E402
+
+
+def _error_of(call):
+    """(exception type, first line of its message), or None when call() raises nothing."""
+    try:
+        call()
+        return None
+    except Exception as e:  # noqa: BLE001 (the type is what we compare)
+        return type(e).__name__, str(e).split("\n")[0]
+
+
+def _which_path_and_results():
+    import hvd_torch as hvd
+    from hvd_torch import _C
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    res = {}
+    args = ("probe", 1, 1.0, 1.0, 0)
+
+    def taken(t):
+        return _C.eager_allreduce_(t.clone() if not t.requires_grad else t, *args)
+
+    class Sub(torch.Tensor):
+        pass
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            return func(*a, **(kw or {}))
+
+    res["plain"] = taken(torch.ones(2))
+    res["int"] = taken(torch.ones(2, dtype=torch.int64))
+    res["needs_grad"] = taken(torch.ones(2, requires_grad=True))
+    res["subclass"] = _C.eager_allreduce_(torch.ones(2).as_subclass(Sub), *args)
+    res["conj"] = _C.eager_allreduce_(torch.ones(2, dtype=torch.complex64).conj(), *args)
+    with Passthrough():
+        res["dispatch_mode"] = _C.eager_allreduce_(torch.ones(2), *args)
+    with torch.inference_mode():
+        res["inference"] = _C.eager_allreduce_(torch.ones(2), *args)
+    res["functional_subclass"] = _C.eager_allreduce(torch.ones(2).as_subclass(Sub), *args)
+    res["grouped_mixed"] = _C.eager_grouped_allreduce_(
+        [torch.ones(1), torch.ones(1, requires_grad=True)], *args)
+    res["grouped_plain"] = _C.eager_grouped_allreduce_([torch.ones(1), torch.ones(2)], *args)
+
+    # Same results and version counters as the torch op.
+    x = torch.full((3,), float(r + 1))
+    v0 = x._version
+    hvd.allreduce_(x, name="ip", op=hvd.Sum)
+    res["inplace"] = (x.tolist(), x._version - v0)
+    y = torch.full((3,), float(r + 1))
+    torch.ops.hvd_torch.allreduce_(y, "ip.op", 1)
+    res["inplace_op_version"] = y._version - v0
+    ts = [torch.full((k + 1,), float(r + 1)) for k in range(3)]
+    versions = [t._version for t in ts]
+    hvd.grouped_allreduce_(ts, name="g", op=hvd.Sum)
+    res["grouped"] = ([t.tolist() for t in ts], [t._version - v for t, v in zip(ts, versions)])
+    res["functional"] = hvd.allreduce(torch.full((2,), float(r + 1)), name="f").tolist()
+    res["grouped_functional"] = [t.tolist() for t in hvd.grouped_allreduce(
+        [torch.ones(1) * (r + 1), torch.ones(2) * (r + 1)], name="gf", op=hvd.Sum)]
+    # Cases that fall back still compute, through the torch op.
+    sub = torch.full((2,), float(r + 1)).as_subclass(Sub)
+    hvd.allreduce_(sub, name="sub", op=hvd.Sum)
+    res["subclass_result"] = (type(sub).__name__, sub.tolist())
+    with Passthrough():
+        res["mode_result"] = hvd.allreduce(torch.full((2,), float(r + 1)), name="m",
+                                           op=hvd.Sum).tolist()
+    w = torch.full((2,), float(r + 1), requires_grad=True)
+    out = hvd.allreduce(w, name="grad", op=hvd.Sum)
+    out.sum().backward()
+    res["grad"] = (out.requires_grad, w.grad.tolist())
+    traced = torch.jit.trace(lambda t: hvd.allreduce(t, name="traced", op=hvd.Sum),
+                             torch.ones(2), check_trace=False)
+    res["traced_calls_op"] = "hvd_torch::allreduce" in str(traced.graph)
+
+    # The bump lets autograd refuse a saved tensor that the op overwrote.
+    w, x = torch.ones(2, requires_grad=True), torch.ones(2)
+    y = (w * x).sum()  # saves x for w's gradient
+    hvd.allreduce_(x, name="saved", op=hvd.Sum)
+    try:
+        y.backward()
+        res["saved_overwritten"] = "backward ran"
+    except RuntimeError as e:
+        res["saved_overwritten"] = "modified by an inplace operation" in str(e)
+
+    # A caller's mistake raises the same error either way.
+    res["errors"] = [_error_of(lambda: hvd.allreduce_(torch.ones(1), name="bad", op=7)),
+                     _error_of(lambda: torch.ops.hvd_torch.allreduce_(torch.ones(1), "bad", 7))]
+    hvd.shutdown()
+    return res
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_fast_path_is_taken_exactly_where_the_dispatcher_adds_nothing(nranks):
+    for rank, res in enumerate(run_ranks(_which_path_and_results, nranks, timeout=120)):
+        total = float(nranks * (nranks + 1) // 2)
+        assert res["plain"] is True and res["int"] is True, res
+        assert res["grouped_plain"] is True, res
+        for case in ("needs_grad", "subclass", "conj", "dispatch_mode", "inference",
+                     "grouped_mixed"):
+            assert res[case] is False, (case, res)
+        assert res["functional_subclass"] is None, res
+        assert res["inplace"] == ([total] * 3, 1), res
+        assert res["inplace_op_version"] == 1, res
+        assert res["grouped"] == ([[total] * (k + 1) for k in range(3)], [1, 1, 1]), res
+        assert res["functional"] == [total / nranks] * 2, res  # Average
+        assert res["grouped_functional"] == [[total], [total, total]], res
+        assert res["subclass_result"] == ("Sub", [total, total]), res
+        assert res["mode_result"] == [total, total], res
+        assert res["grad"] == (True, [float(nranks)] * 2), res
+        assert res["traced_calls_op"], res
+        assert res["saved_overwritten"] is True, res
+        assert res["errors"][0] is not None and res["errors"][0] == res["errors"][1], res
+        assert res["errors"][0][0] == "ValueError", res
+
+
+def _async_paths_and_results():
+    import hvd_torch as hvd
+    from hvd_torch import _C
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    res = {}
+    args = (1, 1.0, 1.0, 0)
+
+    class Sub(torch.Tensor):
+        pass
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            return func(*a, **(kw or {}))
+
+    def handle_of(t, name):  # the eager path's handle, or -1 (and nothing submitted)
+        h = _C.eager_allreduce_async(t, True, name, *args)
+        if h > 0:
+            hvd.synchronize(h)
+        return h
+
+    res["plain"] = handle_of(torch.ones(2), "a.plain") > 0
+    for case, t in (("needs_grad", torch.ones(2, requires_grad=True)),
+                    ("subclass", torch.ones(2).as_subclass(Sub))):
+        res[case] = handle_of(t, "a." + case)
+    with Passthrough():
+        res["dispatch_mode"] = handle_of(torch.ones(2), "a.mode")
+        h = hvd.allreduce_async(torch.full((2,), float(r + 1)), name="a.mode.op", op=hvd.Sum)
+        res["sync_in_mode"] = _C.eager_synchronize(h)  # None: not taken
+        res["mode_result"] = torch.ops.hvd_torch.synchronize(h).tolist()
+    with torch.inference_mode():
+        res["inference"] = handle_of(torch.ones(2), "a.inference")
+
+    # Same results, version counters and returned objects as the torch op.
+    x = torch.full((3,), float(r + 1))
+    h = hvd.allreduce_async_(x, name="a.ip", op=hvd.Sum)
+    res["inplace_version"] = x._version
+    res["poll_type"] = type(hvd.poll(h)).__name__
+    out = hvd.synchronize(h)
+    res["inplace"] = (out is x, x.tolist())
+    y = torch.full((3,), float(r + 1))
+    torch.ops.hvd_torch.synchronize(torch.ops.hvd_torch.allreduce_async_(y, "a.ip.op", 1))
+    res["op_version"] = y._version
+    z = torch.full((2,), float(r + 1))
+    res["functional"] = (hvd.synchronize(hvd.allreduce_async(z, name="a.f")).tolist(),
+                         z.tolist())
+    sub = torch.full((2,), float(r + 1)).as_subclass(Sub)
+    res["subclass_result"] = hvd.synchronize(hvd.allreduce_async_(sub, name="a.sub",
+                                                                  op=hvd.Sum)).tolist()
+    w = torch.full((2,), float(r + 1), requires_grad=True)
+    res["needs_grad_result"] = hvd.synchronize(hvd.allreduce_async(w, name="a.grad",
+                                                                   op=hvd.Sum)).tolist()
+    # Many in flight at once, synchronized in reverse order.
+    vs = [torch.full((k + 1,), float(r + k)) for k in range(50)]
+    hs = [hvd.allreduce_async_(v, name=f"a.many.{k}", op=hvd.Sum) for k, v in enumerate(vs)]
+    for h in reversed(hs):
+        hvd.synchronize(h)
+    res["many"] = all(v.tolist() == [float(n * k + n * (n - 1) // 2)] * (k + 1)
+                      for k, v in enumerate(vs))
+
+    # A caller's mistake raises the same error either way.
+    res["errors"] = [
+        (_error_of(lambda: hvd.allreduce_async_(torch.ones(1), name="a.bad", op=7)),
+         _error_of(lambda: torch.ops.hvd_torch.allreduce_async_(torch.ones(1), "a.bad", 7))),
+        (_error_of(lambda: hvd.synchronize(10**9)),
+         _error_of(lambda: torch.ops.hvd_torch.synchronize(10**9))),
+        (_error_of(lambda: hvd.poll(10**9)), _error_of(lambda: torch.ops.hvd_torch.poll(10**9))),
+    ]
+    hvd.shutdown()
+    return res
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_async_fast_path_matches_the_torch_op(nranks):
+    for rank, res in enumerate(run_ranks(_async_paths_and_results, nranks, timeout=120)):
+        total = float(nranks * (nranks + 1) // 2)
+        assert res["plain"] is True, res
+        for case in ("needs_grad", "subclass", "dispatch_mode", "inference"):
+            assert res[case] == -1, (case, res)
+        assert res["sync_in_mode"] is None and res["mode_result"] == [total] * 2, res
+        assert res["inplace_version"] == 1 and res["op_version"] == 1, res
+        assert res["poll_type"] == "bool", res
+        assert res["inplace"] == (True, [total] * 3), res
+        assert res["functional"] == ([total / nranks] * 2, [float(rank + 1)] * 2), res
+        assert res["subclass_result"] == [total] * 2, res
+        assert res["needs_grad_result"] == [total] * 2, res
+        assert res["many"], res
+        for fast, op in res["errors"]:
+            assert fast is not None and fast == op, res
+        assert res["errors"][0][0][0] == "ValueError", res

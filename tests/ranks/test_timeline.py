@@ -1,0 +1,191 @@
+"""The timeline (docs/toolbox.md, "Timeline"): rank 0 writes a Chrome-trace JSON
+array with one process row per tensor, Horovod's phases on it, and a tick per
+rank as it arrives. Real ranks; the file is opened as JSON and the events of a
+known sequence of ops are checked."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import torch
+
+from dist_harness import run_ranks
+
+ROOT = Path(__file__).resolve().parents[2]
+BIG = 1 << 19  # float32 elements: 2 MiB, above the 1 MiB inline threshold
+
+
+def _known_ops(late_delay):
+    import hvd_torch as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    hvd.allreduce(torch.ones(4), name="small", op=hvd.Sum)  # inline: through rank 0
+    handles = [hvd.allreduce_async(torch.ones(BIG), name=f"big.{i}", op=hvd.Sum) for i in range(2)]
+    for h in handles:
+        hvd.synchronize(h)
+    hvd.allgather(torch.ones(3, 2) * r, name="gather")
+    hvd.broadcast(torch.ones(5), root_rank=0, name="bcast")
+    if r == 1:
+        time.sleep(late_delay)  # rank 1 is late for "late": the timeline must say so
+    out = hvd.allreduce(torch.ones(2), name="late", op=hvd.Sum)
+    hvd.shutdown()  # stops the timeline: the file is complete
+    return out.tolist()
+
+
+def _rows(events):
+    """Events by row name (pid -> process_name metadata)."""
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e["name"] == "process_name" and e["pid"] > 0}
+    rows = {}
+    for e in events:
+        if e.get("ph") != "M" and e.get("pid", 0) in names:
+            rows.setdefault(names[e["pid"]], []).append(e)
+    return rows
+
+
+def _phases(row):
+    """The row's events as ("B", name) / ("E",) / ("X", rank) tuples, in order."""
+    out = []
+    for e in row:
+        if e["ph"] == "B":
+            out.append(("B", e["name"]))
+        elif e["ph"] == "E":
+            out.append(("E",))
+        elif e["ph"] == "X":
+            out.append(("X", e["name"]))
+    return out
+
+
+def _negotiation(nranks, op):
+    # Ticks come in arrival order: any order of the ranks.
+    return ("B", f"NEGOTIATE_{op}"), {("X", str(r)) for r in range(nranks)}, ("E",)
+
+
+def _check_row(row, nranks, op, inner):
+    phases = _phases(row)
+    begin, ticks, end = _negotiation(nranks, op)
+    assert phases[0] == begin, phases
+    assert set(phases[1:1 + nranks]) == ticks, phases
+    assert phases[1 + nranks] == end, phases
+    assert phases[2 + nranks:] == [("B", op), ("B", "QUEUE"), ("E",), *inner, ("E",)], phases
+    # Timestamps never go backwards on a row (one writer, one clock).
+    ts = [e["ts"] for e in row]
+    assert ts == sorted(ts), ts
+
+
+def _span(name):
+    return [("B", name), ("E",)]
+
+
+# Shared memory (the default on one host) reads the inputs and writes the
+# outputs itself: no fusion-buffer copies around its collective.
+_FUSED = {"shm": ["SHM_ALLREDUCE"],
+          "gloo": ["MEMCPY_IN_FUSION_BUFFER", "GLOO_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"]}
+
+
+@pytest.mark.parametrize("plane,nranks", [("shm", 2), ("shm", 3), ("gloo", 2), ("gloo", 3)])
+def test_timeline_of_known_ops(tmp_path, plane, nranks):
+    path = tmp_path / f"timeline{nranks}.json"
+    results = run_ranks(_known_ops, nranks, args=(0.4,), timeout=120,
+                        env={"HOROVOD_TIMELINE": str(path),
+                             "HVD_TORCH_SHM": "1" if plane == "shm" else "0"})
+    assert results == [[float(nranks)] * 2] * nranks
+    events = json.loads(path.read_text())  # complete JSON once stopped
+    assert events[0]["ph"] == "M" and "start_time_since_epoch_in_micros" in events[0]["args"]
+    rows = _rows(events)
+    assert set(rows) == {"small", "big.0", "big.1", "gather", "bcast", "late"}, set(rows)
+    _check_row(rows["small"], nranks, "ALLREDUCE", [])
+    for name in ("big.0", "big.1"):
+        _check_row(rows[name], nranks, "ALLREDUCE", sum((_span(p) for p in _FUSED[plane]), []))
+    prefix = plane.upper()
+    _check_row(rows["gather"], nranks, "ALLGATHER", _span(f"{prefix}_ALLGATHER"))
+    _check_row(rows["bcast"], nranks, "BROADCAST", _span(f"{prefix}_BROADCAST"))
+    _check_row(rows["late"], nranks, "ALLREDUCE", [])
+    ends = {name: [e for e in row if e["ph"] == "E"] for name, row in rows.items()}
+    assert ends["small"][-1]["args"]["path"] == "inline"
+    assert ends["big.0"][-1]["args"]["path"] == "collective"
+    # The negotiation's end names the last rank and how long the first waited.
+    late = ends["late"][0]["args"]
+    assert late["last_rank"] == 1 and late["ranks"] == nranks, late
+    assert late["waited_us"] >= 300_000, late
+    # The late tick is rank 1's, and comes last.
+    ticks = [e["name"] for e in rows["late"] if e["ph"] == "X"]
+    assert ticks[-1] == "1", ticks
+
+
+def _start_stop(workdir):
+    import hvd_torch as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    mine = os.path.join(workdir, f"t{r}.json")
+    hvd.allreduce(torch.ones(2), name="before")
+    hvd.start_timeline(mine, mark_cycles=True)  # every rank calls it; rank 0 writes
+    hvd.allreduce(torch.ones(2), name="during")
+    mid = None
+    if r == 0:
+        time.sleep(0.6)  # the writer flushes a few times a second
+        with open(mine) as f:
+            mid = [e.get("args", {}).get("name") for e in json.load(f)]
+    hvd.allreduce(torch.ones(2), name="during.2")
+    hvd.stop_timeline()
+    hvd.allreduce(torch.ones(2), name="after")
+    hvd.shutdown()
+    return mid
+
+
+def test_start_and_stop_at_run_time(tmp_path):
+    results = run_ranks(_start_stop, 2, args=(str(tmp_path),), timeout=90)
+    assert "during" in results[0], results[0]  # readable JSON while still running
+    assert not (tmp_path / "t1.json").exists()  # only rank 0 writes
+    events = json.loads((tmp_path / "t0.json").read_text())
+    rows = _rows(events)
+    assert set(rows) == {"during", "during.2"}, set(rows)
+    cycles = [e for e in events if e.get("name") == "CYCLE_START"]
+    assert len(cycles) >= 2 and all(e["ph"] == "i" and e["s"] == "g" for e in cycles)
+
+
+def test_hvdrun_timeline_flags(tmp_path):
+    """hvdrun --timeline-filename/--timeline-mark-cycles reach the ranks (relative path
+    resolved against hvdrun's directory)."""
+    script = ("import torch, hvd_torch as hvd\n"
+              "hvd.init()\n"
+              "for i in range(3): hvd.allreduce(torch.ones(8), name='grad')\n"
+              "hvd.shutdown()\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvdrun", "-np", "2", "--timeline-filename", "tl.json",
+         "--timeline-mark-cycles", sys.executable, "-c", script],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = json.loads((tmp_path / "tl.json").read_text())
+    phases = [p for p in _phases(_rows(events)["grad"]) if p[0] == "B"]
+    assert phases.count(("B", "NEGOTIATE_ALLREDUCE")) == 3, phases
+    assert any(e.get("name") == "CYCLE_START" for e in events)
+
+
+def test_timeline_of_the_digits_example(tmp_path):
+    """examples/digits_train.py under hvdrun --timeline-filename: every parameter's
+    gradient allreduce has its row, negotiated once per step on both ranks."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvdrun", "-np", "2", "--timeline-filename", "digits.json",
+         sys.executable, str(ROOT / "examples" / "digits_train.py"), "--epochs", "1",
+         "--checkpoint", str(tmp_path / "ckpt.pt")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(json.loads((tmp_path / "digits.json").read_text()))
+    params = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+              "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    for p in params:
+        assert f"broadcast.{p}" in rows, sorted(rows)
+        phases = _phases(rows[f"allreduce.{p}"])
+        steps = phases.count(("B", "NEGOTIATE_ALLREDUCE"))
+        assert steps == 24, (p, steps)  # 1498 images / (2 ranks x 32) = 24 steps
+        assert phases.count(("X", "0")) == phases.count(("X", "1")) == steps
