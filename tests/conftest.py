@@ -61,6 +61,8 @@ def tier_of(item) -> str:
     return folder
 
 
+# tryfirst: pytest-xdist reads the xdist_group markers in its own hook of this name.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = tier_of(item)
