@@ -242,9 +242,9 @@ class _Baseline:
         return problems
 
 
-def _run_job(rank: int, job: str, result_path: str) -> tuple[int, list[str]]:
-    """Runs this rank's part of a job; returns (exit code a fresh rank would have
-    had, problems that make the worker unfit for another job)."""
+def _run_job(rank: int, job: str, result_path: str) -> int:
+    """Runs this rank's part of a job; returns the exit code a fresh rank would
+    have had (0: fn returned, 1: it raised)."""
     try:
         with open(job, "rb") as f:
             paths = pickle.load(f)
@@ -265,7 +265,7 @@ def _run_job(rank: int, job: str, result_path: str) -> tuple[int, list[str]]:
     with open(tmp, "wb") as f:
         f.write(payload)
     os.replace(tmp, result_path)
-    return (0 if outcome[0] == "ok" else 1), []
+    return 0 if outcome[0] == "ok" else 1
 
 
 def _redirect_output(path: str) -> None:
@@ -288,8 +288,8 @@ def _worker_main(rank: int) -> int:
     for line in sys.stdin.buffer:
         job, result_path, log_path = line.decode().rstrip("\n").split("\t")
         _redirect_output(log_path)
-        code, problems = _run_job(rank, job, result_path)
-        problems += baseline.restore()
+        code = _run_job(rank, job, result_path)
+        problems = baseline.restore()
         for problem in problems:
             print(f"[rank pool] worker unfit for another job: {problem}", file=sys.stderr)
         sys.stdout.flush()
