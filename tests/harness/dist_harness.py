@@ -1,6 +1,6 @@
 """Run a function on N rank processes: the fixture every multi-rank test uses.
 
-    from dist_harness import run_ranks        # or: from tests.dist_harness import ...
+    from dist_harness import run_ranks        # tests/harness is on sys.path (conftest)
 
     def _allreduce_ones(n):                   # module level, so a child can import it
         import hvd_torch as hvd
@@ -40,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 import rank_pool
 
@@ -316,25 +315,10 @@ def _result_path(workdir: str, rank: int) -> str:
 
 
 def _child_main(job: str, result_path: str) -> int:
-    try:
-        with open(job, "rb") as f:
-            paths = pickle.load(f)
-            sys.path[:0] = [p for p in paths if p not in sys.path]
-            pickle.load(f)  # every rank's environment: ours is already in place
-            fn, args, kwargs = pickle.load(f)
-        outcome = ("ok", fn(*args, **kwargs))
-        payload = pickle.dumps(outcome)
-    except BaseException as e:  # noqa: BLE001 (SystemExit, KeyboardInterrupt are outcomes too)
-        outcome = ("error", type(e).__name__, str(e), traceback.format_exc())
-        payload = pickle.dumps(outcome)
-    # Write-then-rename: the parent never reads half a result.
-    tmp = result_path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(payload)
-    os.replace(tmp, result_path)
+    code = rank_pool.run_job(job, result_path)
     sys.stdout.flush()
     sys.stderr.flush()
-    return 0 if outcome[0] == "ok" else 1
+    return code
 
 
 if __name__ == "__main__":

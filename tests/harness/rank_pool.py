@@ -186,6 +186,7 @@ class RankPool:
 
 
 def _failure_grace() -> float:
+    """dist_harness's, read at each use: a test may monkeypatch it there."""
     from dist_harness import _FAILURE_GRACE
 
     return _FAILURE_GRACE
@@ -242,16 +243,19 @@ class _Baseline:
         return problems
 
 
-def _run_job(rank: int, job: str, result_path: str) -> int:
-    """Runs this rank's part of a job; returns the exit code a fresh rank would
-    have had (0: fn returned, 1: it raised)."""
+def run_job(job: str, result_path: str, rank=None) -> int:
+    """Runs one rank's part of a job and writes its outcome to result_path;
+    returns the exit code a fresh rank has (0: fn returned, 1: it raised).
+    A pool worker (rank given) takes its environment from the job first; a
+    fresh rank (dist_harness's child) was started with it."""
     try:
         with open(job, "rb") as f:
             paths = pickle.load(f)
             sys.path[:0] = [p for p in paths if p not in sys.path]
             envs = pickle.load(f)
-            os.environ.clear()
-            os.environ.update(envs[rank])
+            if rank is not None:
+                os.environ.clear()
+                os.environ.update(envs[rank])
             fn, args, kwargs = pickle.load(f)
         outcome = ("ok", fn(*args, **kwargs))
         payload = pickle.dumps(outcome)
@@ -261,6 +265,7 @@ def _run_job(rank: int, job: str, result_path: str) -> int:
             payload = pickle.dumps(outcome)
         except Exception:  # noqa: BLE001 (an exception whose message holds unpicklables)
             payload = pickle.dumps(("error", type(e).__name__, str(e), ""))
+    # Write-then-rename: the parent never reads half a result.
     tmp = result_path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(payload)
@@ -288,7 +293,7 @@ def _worker_main(rank: int) -> int:
     for line in sys.stdin.buffer:
         job, result_path, log_path = line.decode().rstrip("\n").split("\t")
         _redirect_output(log_path)
-        code = _run_job(rank, job, result_path)
+        code = run_job(job, result_path, rank)
         problems = baseline.restore()
         for problem in problems:
             print(f"[rank pool] worker unfit for another job: {problem}", file=sys.stderr)
