@@ -18,7 +18,12 @@ ROOT=$(pwd)
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 TORCH_VERSION=2.13.0
-TOOLS=(setuptools wheel ninja numpy pytest pytest-timeout pytest-xdist scikit-learn tqdm tensorboard "ray[tune,client]==2.58.0")
+# pytest and pytest-xdist are pinned together: pytest 9.2 moved a node's id where
+# xdist 3.8's --dist loadgroup writes its group, so groups (one make, one Ray per
+# shape, one set of namespace hosts) silently stopped holding (tests/conftest.py
+# checks it).
+TEST_PINS=(pytest==9.1.1 pytest-xdist==3.8.0 pytest-timeout==2.4.0)
+TOOLS=(setuptools wheel ninja numpy "${TEST_PINS[@]}" scikit-learn tqdm tensorboard "ray[tune,client]==2.58.0")
 # Import names for TOOLS, to tell "installed" without asking pip (slow).
 TOOL_MODULES="setuptools wheel ninja numpy pytest pytest_timeout xdist sklearn tqdm tensorboard ray grpc"
 
@@ -91,7 +96,12 @@ else
 fi
 
 # shellcheck disable=SC2086  # TOOL_MODULES is a word list on purpose
-if [ -z "$(missing $TOOL_MODULES)" ]; then
+pins_differ() {
+    "$PY" -c 'import importlib.metadata as m, sys
+print(" ".join(p for p in sys.argv[1:] if m.version(p.split("==")[0]) != p.split("==")[1]))' "$@" 2>/dev/null \
+        || echo "unknown"
+}
+if [ -z "$(missing $TOOL_MODULES)" ] && [ -z "$(pins_differ "${TEST_PINS[@]}")" ]; then
     say "tools: present"
 else
     say "tools: installing ${TOOLS[*]}"

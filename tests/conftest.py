@@ -15,6 +15,7 @@ A unit test starts no process: the suite fails a unit-tier test that does.
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,22 @@ OTHER_MARKERS = {
 def pytest_configure(config):
     for name, what in {**TIERS, **OTHER_MARKERS}.items():
         config.addinivalue_line("markers", f"{name}: {what}")
+    if config.getoption("dist", "no") == "loadgroup":
+        _check_loadgroup_holds()
+
+
+def _check_loadgroup_holds():
+    """pytest-xdist's --dist loadgroup tags a grouped test by rewriting the
+    node's `_nodeid`; pytest 9.2 reads a node's id from elsewhere, so the
+    groups (one make, one Ray per shape, one set of namespace hosts) would
+    silently not hold and two workers would share what one must own.
+    scripts/setup.sh pins a pair that agree."""
+    from _pytest.nodes import Node
+
+    if "_nodeid" not in inspect.getsource(Node.nodeid.fget):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} ignores pytest-xdist's --dist loadgroup groups: "
+            "run scripts/setup.sh (it installs the pinned pytest and pytest-xdist)")
 
 
 def tier_of(item) -> str:

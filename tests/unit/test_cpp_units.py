@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPECTED = ["test_coordinator", "test_executor", "test_fusion", "test_message", "test_reduce"]
+EXPECTED = ["test_autotune", "test_coordinator", "test_executor", "test_fusion", "test_message",
+            "test_reduce", "test_timeline"]
 CLOSING = re.compile(r"^(\d+) passed, (\d+) failed$")
 # make and the test binaries are processes, but no rank or launcher: these are
 # the C++ half of the unit tier (conftest.py's "cpp" marker).
