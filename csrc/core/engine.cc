@@ -588,8 +588,8 @@ bool Engine::drive(const Work& work) {
   // full socket did not take, a stop or failure to act on.
   bool needs_engine = !running || !pending_.empty();
   for (auto& w : workers_)
-    if (w) needs_engine = needs_engine || w->wantsWrite();
-  if (to_coordinator_) needs_engine = needs_engine || to_coordinator_->wantsWrite();
+    if (w) needs_engine = needs_engine || w->hasOutput();
+  if (to_coordinator_) needs_engine = needs_engine || to_coordinator_->hasOutput();
   const int64_t drive_end = steadyNs();
   last_drive_end_ns_.store(drive_end);
   driving_.store(false);

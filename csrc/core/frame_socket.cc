@@ -144,6 +144,10 @@ bool FrameSocket::readAvailable(std::vector<std::string>& frames) {
     // has them in the ring.
     in_ring_->read(inbox_);
     if (in_ring_->takeWaitingWriter() && open) ringDoorbell();
+    // The socket just drained may have held the peer's "room in your ring"
+    // doorbell, rung after our last flush: act on it now, or a frame larger
+    // than the ring waits for a doorbell that was already taken.
+    if (read_socket && open && !outbox_.empty()) flushToRing();
   }
   size_t off = 0;
   while (inbox_.size() - off >= 4) {

@@ -33,6 +33,8 @@ class FrameSocket {
   // Bytes queued that the socket would take once writable (never with rings:
   // the reader rings when it has made room).
   bool wantsWrite() const { return !outbox_.empty() && out_ring_ == nullptr; }
+  // Bytes queued, through either plane (with rings: waiting for the reader's room).
+  bool hasOutput() const { return !outbox_.empty(); }
   // Blocks until everything queued is written (handshakes, last words).
   void flushBlocking(std::chrono::milliseconds timeout);
   // Appends every complete frame that has arrived. Returns false once the
