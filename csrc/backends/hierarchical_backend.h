@@ -14,8 +14,9 @@
 // Each local group and the leaders run the same ops in the same order, since
 // every rank runs the same negotiated responses.
 //
-// Threading: made on the init() thread, then used only by the engine's
-// background thread.
+// Threading: made on the init() thread, then used only by the thread that holds
+// the engine's baton (its background thread or a caller driving its op,
+// engine.h: one at a time).
 #pragma once
 
 #include <memory>

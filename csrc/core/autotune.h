@@ -24,7 +24,8 @@
 // (robust to one slow step), at most max_samples trials; then it settles.
 // Protocol and cost: docs/architecture.md, "Autotune".
 //
-// Threading: the engine's background thread on rank 0 only.
+// Threading: rank 0's, used only by the thread that holds the engine's baton
+// (its background thread or a caller driving its op, engine.h: one at a time).
 #pragma once
 
 #include <chrono>

@@ -1,8 +1,8 @@
 // The data plane: collectives over raw buffers, one implementation per
 // transport (backends/gloo for host memory, backends/nccl for CUDA memory).
-// The engine calls a backend only from its background thread, in the order
-// the coordinator dictated, so every rank calls the same collectives in the
-// same order. A host backend's methods block until done; a device backend's
+// The engine calls a backend only from the thread that holds its baton (one
+// at a time), in the order the coordinator dictated, so every rank calls the
+// same collectives in the same order. A host backend's methods block until done; a device backend's
 // enqueue the collective on the stream its Memory (device.h) uses and return.
 // Both throw std::exception on failure (a dead peer, a timeout); the engine
 // turns that into a peer-failure status.

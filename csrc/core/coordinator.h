@@ -4,7 +4,8 @@
 // value). Ranks may submit names in different orders; the coordinator's
 // emission order is the one order every rank executes in.
 //
-// Threading: used only by the engine's background thread on rank 0.
+// Threading: rank 0's, used only by the thread that holds the engine's baton
+// (its background thread or a caller driving its op, engine.h: one at a time).
 #pragma once
 
 #include <chrono>

@@ -9,9 +9,10 @@
 // collective of one response run in the order the executor issued them, and
 // nothing here waits on the host.
 //
-// Threading: Memory is used only by the engine's background thread.
-// DeviceEvents are created on callers' threads and read on the background
-// thread (and the other way round); each is written once before it is shared.
+// Threading: Memory is used only by the thread that holds the engine's baton
+// (its background thread or a caller driving its op, engine.h: one at a time).
+// DeviceEvents are created on callers' threads and read by the baton's holder
+// (and the other way round); each is written once before it is shared.
 #pragma once
 
 #include <cstddef>

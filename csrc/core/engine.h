@@ -30,13 +30,17 @@
 
 #include "autotune.h"
 #include "backend.h"
+#include "control_channel.h"
+#include "control_frames.h"
 #include "coordinator.h"
 #include "entry.h"
 #include "executor.h"
 #include "frame_socket.h"
-#include "shm_segment.h"
 #include "process_sets.h"
+#include "shm_segment.h"
+#include "stall_inspector.h"
 #include "response_cache.h"
+#include "set_runtimes.h"
 #include "store_client.h"
 #include "timeline.h"
 #include "topology.h"
@@ -56,9 +60,12 @@ class Engine {
   // the ranks that never arrived when the rendezvous fails.
   // make_device may be empty (a build without a device plane: no op is ever
   // submitted on Plane::kDevice).
+  // `store`: the rendezvous store to use instead of connecting to the one
+  // config names (in-process ranks in tests).
   static std::shared_ptr<Engine> start(const Topology& topology, const EngineConfig& config,
                                        const BackendFactory& make_backend, uint64_t generation,
-                                       DevicePlaneFactory make_device = nullptr);
+                                       DevicePlaneFactory make_device = nullptr,
+                                       std::unique_ptr<StoreClient> store = nullptr);
   ~Engine();
 
   // Fails what is still pending with a shutdown status and joins the thread.
@@ -79,6 +86,9 @@ class Engine {
   bool drive(const Work& work);
   // Ops whose waiting caller completed them in drive() (diagnostics, tests).
   uint64_t drivenOps() const { return driven_ops_.load(); }
+  // Submissions sent to rank 0 as a response-cache slot instead of a full
+  // request (diagnostics, tests).
+  uint64_t cachedSubmissions() const { return cached_submissions_.load(); }
 
   const Topology& topology() const { return topology_; }
   const char* backendName() const { return backend_ ? backend_->name() : "local"; }
@@ -98,13 +108,9 @@ class Engine {
 
  private:
   Engine(const Topology& topology, const EngineConfig& config);
-  void connect(const BackendFactory& make_backend, uint64_t generation);
-  void connectCoordinator(const std::string& prefix);
-  void connectWorker(const std::string& prefix);
-  std::string missingRanksMessage(const std::string& prefix, const char* what);
+  void connect(const BackendFactory& make_backend, DevicePlaneFactory make_device,
+               uint64_t generation, std::unique_ptr<StoreClient> store);
 
-  // Rings that carry the control frames when every rank is on one host.
-  void attachControlRings(const std::string& prefix);
   bool inputWaiting() const;
   // Writes the eventfd the background thread sleeps on.
   void ringWakeFd();
@@ -134,16 +140,12 @@ class Engine {
   void dispatch(std::vector<Response> responses);
   void run(const Response& response);
   void fail(const Status& status);
-  // A kAddProcessSet response: members connect a backend of their own for it.
-  void openProcessSet(int32_t id, const std::vector<int64_t>& ranks);
-  struct SetRuntime;
-  // The set's executor for `plane`; a device plane is made on first use.
-  Executor& executorFor(int32_t id, SetRuntime& rt, Plane plane, int device);
+  // A kAddProcessSet or kRemoveProcessSet response (`entry`: the request):
+  // the registry every thread reads, and this rank's runtimes of its sets.
+  void changeProcessSets(const Response& response, Entry& entry);
   // Rank 0: hands one arrival to the coordinator; `own` is the request of
   // this rank's own arrival (its error fails that entry), else null.
   void arrive(Arrival arrival, const Request* own);
-  std::string diagnosePeerFailure();
-  std::string encodeArrivals(const std::vector<Arrival>& arrivals) const;
   // Rank 0: HOROVOD_TIMELINE and HOROVOD_AUTOTUNE at start().
   void startObservers();
   // Rank 0: the autotuner's new values, used here and sent to every rank.
@@ -155,24 +157,8 @@ class Engine {
   const EngineConfig config_;
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<Backend> backend_;  // the global set's
-  BackendFactory make_backend_;
-  DevicePlaneFactory make_device_;
-  std::string prefix_;  // this rendezvous' store keys
   ProcessSetTable process_sets_;
-
-  // A process set this rank is in, as the background thread runs it.
-  struct SetRuntime {
-    std::vector<int> ranks;            // global ranks, ascending
-    int index = 0;                     // this rank's position in ranks
-    size_t inline_cap = SIZE_MAX;      // bound on the inline threshold for this set
-    std::unique_ptr<Backend> backend;  // its own Gloo context (null: global set or one rank)
-    Executor executor{nullptr, 1};
-    // Plane::kDevice, made by the first op of the set on device memory.
-    int device = -1;
-    DevicePlane device_plane;
-    std::unique_ptr<Executor> device_executor;
-  };
-  std::unordered_map<int32_t, SetRuntime> runtimes_;  // the baton holder only
+  SetRuntimes sets_{topology_, config_};  // the sets this rank is in (the baton holder's)
 
   // Submission queue: the only state shared with user threads.
   mutable std::mutex mu_;
@@ -181,7 +167,6 @@ class Engine {
   Status broken_;  // not ok once a peer failed: every later op fails with it
   // Names submitted and not yet completed, by tableKey(process set, name).
   std::unordered_map<std::string, std::weak_ptr<Work>> in_flight_;
-  std::unordered_map<int32_t, std::string> backend_names_;  // by process set
   size_t sweep_in_flight_at_ = 64;
   int wake_fd_ = -1;
   // True from a wake-up's write until the background thread drains it: a
@@ -197,6 +182,7 @@ class Engine {
   std::atomic<bool> handed_over_{false};  // the background thread let drivers run
   std::atomic<bool> driving_{false};      // a driver holds the baton
   std::atomic<uint64_t> driven_ops_{0};
+  std::atomic<uint64_t> cached_submissions_{0};
   std::atomic<int64_t> drive_start_ns_{0};     // steady clock
   std::atomic<int64_t> last_drive_end_ns_{0};
 
@@ -216,12 +202,8 @@ class Engine {
   RankCache rank_cache_;
   bool joined_ = false;  // this rank called join() and waits for the others
   std::unique_ptr<Coordinator> coordinator_;           // rank 0 only
-  std::vector<std::unique_ptr<FrameSocket>> workers_;  // rank 0: index = rank
-  std::unique_ptr<FrameSocket> to_coordinator_;        // other ranks
-  ShmSegment control_segment_;                         // the rings, when attached
-  std::vector<std::unique_ptr<ByteRing>> rings_;
-  std::chrono::steady_clock::time_point last_stall_check_{};
-  std::chrono::steady_clock::time_point last_stall_warning_{};
+  ControlChannel control_{topology_, config_};  // rank 0's star, or the link to rank 0
+  StallInspector stalls_{config_.stall_warning, config_.stall_shutdown};  // rank 0's
 
   Timeline timeline_;
   Tunables tunables_;  // written by the background thread under mu_

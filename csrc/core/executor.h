@@ -3,7 +3,8 @@
 // serves host and device memory: every copy and scaling goes through Memory
 // (device.h), which on a device only enqueues work on the backend's stream.
 //
-// Threading: the engine's background thread only.
+// Threading: the thread that holds the engine's baton (its background thread or
+// a caller driving its op, engine.h: one at a time) only.
 #pragma once
 
 #include <vector>

@@ -6,7 +6,8 @@
 // shared memory instead and the socket carries only doorbells (byte_ring.h)
 // and, by closing, a peer's death.
 //
-// Threading: one thread (the engine's background thread) per socket.
+// Threading: one thread at a time per socket (the holder of the engine's
+// baton).
 #pragma once
 
 #include <chrono>

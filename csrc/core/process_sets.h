@@ -3,7 +3,7 @@
 // changes only when a kAddProcessSet/kRemoveProcessSet response runs, and
 // every rank runs responses in the coordinator's one order.
 //
-// Threading: written by the engine's background thread, read from any thread
+// Threading: written by whoever holds the engine's baton, read from any thread
 // (the torch layer checks arguments and computes set ranks on user threads).
 #pragma once
 

@@ -4,7 +4,9 @@
 // rank names the same slot. Slots are assigned only by the coordinator and are
 // never reused, so a rank can never refer to a slot that changed meaning.
 //
-// Threading: both classes are used only by the engine's background thread.
+// Threading: both classes are used only by the thread that holds the engine's
+// baton (its background thread or a caller driving its op, engine.h: one at a
+// time).
 #pragma once
 
 #include <cstdint>

@@ -316,10 +316,6 @@ void StoreClient::set(const std::string& key, const std::string& value) {
   if (r.status != kOk) throwUnexpected(r.status, r.body, "SET", address_);
 }
 
-void StoreClient::set(const std::string& key, const std::vector<char>& value) {
-  set(key, std::string(value.begin(), value.end()));
-}
-
 std::string StoreClient::get(const std::string& key, milliseconds timeout) {
   std::string req(1, static_cast<char>(kGet));
   putStr(req, key);

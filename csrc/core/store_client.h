@@ -1,6 +1,8 @@
 // Client for the job's rendezvous key-value store (served by
-// hvd_torch/runner/store.py, which documents the wire protocol byte by byte).
-// The engine uses it to exchange addresses and to wait for its peers.
+// hvdrun/store_server.py; hvdrun/store_protocol.py documents the wire protocol
+// byte by byte). The engine uses it to exchange addresses and to wait for its
+// peers. Its methods are virtual so that a store living in the same process
+// (the engine's unit tests, tests/cpp/test_engine.cc) can stand in.
 //
 // Threading: every method may be called from any thread. Requests are
 // serialized by one mutex, so a get()/wait() that blocks for a long time holds
@@ -50,35 +52,41 @@ class StoreClient {
   // host:port and the timeout on failure, or on a refused secret.
   StoreClient(std::string host, int port, std::string secret,
               std::chrono::milliseconds connect_timeout);
-  ~StoreClient();
+  virtual ~StoreClient();
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
 
-  void set(const std::string& key, const std::string& value);
-  void set(const std::string& key, const std::vector<char>& value);
+  virtual void set(const std::string& key, const std::string& value);
+  void set(const std::string& key, const std::vector<char>& value) {
+    set(key, std::string(value.begin(), value.end()));
+  }
 
   // The value once key exists. Throws StoreTimeout after timeout.
-  std::string get(const std::string& key, std::chrono::milliseconds timeout);
+  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout);
 
   // Waits until every key exists. Returns the keys still missing after timeout
   // (empty: all present); it does not throw on timeout.
-  std::vector<std::string> wait(const std::vector<std::string>& keys,
-                                std::chrono::milliseconds timeout);
+  virtual std::vector<std::string> wait(const std::vector<std::string>& keys,
+                                        std::chrono::milliseconds timeout);
 
   // Atomically adds delta to the 8-byte integer at key (missing counts as 0)
   // and returns the new value.
-  int64_t add(const std::string& key, int64_t delta);
+  virtual int64_t add(const std::string& key, int64_t delta);
 
-  void deleteKey(const std::string& key);
+  virtual void deleteKey(const std::string& key);
 
   // True if every key exists right now.
-  bool check(const std::vector<std::string>& keys);
+  virtual bool check(const std::vector<std::string>& keys);
 
   // Existing keys that start with prefix, sorted.
-  std::vector<std::string> listKeys(const std::string& prefix);
+  virtual std::vector<std::string> listKeys(const std::string& prefix);
 
   // "host:port", for error messages.
   const std::string& address() const { return address_; }
+
+ protected:
+  // A store in this process (a subclass overrides every request): no socket.
+  explicit StoreClient(std::string address) : port_(0), address_(std::move(address)) {}
 
  private:
   struct Reply;

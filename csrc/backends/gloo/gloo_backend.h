@@ -2,8 +2,9 @@
 // Which Gloo (Debian's libgloo, not torch's bundled copy) and why:
 // docs/architecture.md, "Which Gloo".
 //
-// Threading: constructed on the init() thread, then used only by the
-// engine's background thread.
+// Threading: constructed on the init() thread, then used only by the thread
+// that holds the engine's baton (its background thread or a caller driving its
+// op, engine.h: one at a time).
 #pragma once
 
 #include <cstdint>

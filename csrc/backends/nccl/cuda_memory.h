@@ -1,7 +1,8 @@
 // Memory (core/device.h) on one CUDA device: every call enqueues work on the
 // plane's stream, the one NcclBackend uses, and returns without waiting.
 //
-// Threading: the engine's background thread only.
+// Threading: the thread that holds the engine's baton (its background thread or
+// a caller driving its op, engine.h: one at a time) only.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -2,7 +2,8 @@
 // this rank's GPU, on the stream its CudaMemory uses. Collectives are
 // enqueued and return at once (core/backend.h, device backends).
 //
-// Threading: made and used by the engine's background thread.
+// Threading: made and used by the thread that holds the engine's baton (its
+// background thread or a caller driving its op, engine.h: one at a time).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -11,8 +11,9 @@
 // for N bytes: N in, N read to reduce, N out; no socket, no kernel.
 // Protocol and costs: docs/architecture.md, "Shared memory".
 //
-// Threading: made on the init() thread, then used only by the engine's
-// background thread.
+// Threading: made on the init() thread, then used only by the thread that holds
+// the engine's baton (its background thread or a caller driving its op,
+// engine.h: one at a time).
 #pragma once
 
 #include <memory>

@@ -11,7 +11,9 @@
 // timeout has not passed, so a dead peer is an exception within
 // milliseconds, never a hang.
 //
-// Threading: one object per rank, used by the engine's background thread.
+// Threading: one object per rank, used by the thread that holds the engine's
+// baton (its background thread or a caller driving its op, engine.h: one at a
+// time).
 #pragma once
 
 #include <atomic>

@@ -1,0 +1,293 @@
+#include "control_channel.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "address.h"
+#include "control_frames.h"
+#include "log.h"
+#include "process_sets.h"
+
+namespace hvd {
+
+void ControlChannel::connect(StoreClient& store, const std::string& prefix) {
+  if (topology_.rank == 0) {
+    connectCoordinator(store, prefix);
+  } else {
+    connectWorker(store, prefix);
+  }
+}
+
+void ControlChannel::connectCoordinator(StoreClient& store, const std::string& prefix) {
+  const auto deadline = std::chrono::steady_clock::now() + config_.start_timeout;
+  // One host: loopback only. Several: the address peers reach us at (address.h).
+  const std::string address =
+      topology_.cross_size == 1 ? std::string("127.0.0.1") : localAddress(config_);
+  int port = 0;
+  int listen_fd = listenTcp(address, &port);
+  store.set(prefix + "control", address + ":" + std::to_string(port));
+  workers_.resize(topology_.size);
+  int connected = 0;
+  while (connected < topology_.size - 1) {
+    int fd = acceptTcp(listen_fd, deadline);
+    if (fd < 0) {
+      ::close(listen_fd);
+      std::vector<int> missing;
+      for (int r = 1; r < topology_.size; ++r)
+        if (!workers_[r]) missing.push_back(r);
+      throw std::runtime_error(missingRanksMessage(store, prefix, "not every rank connected") +
+                               "; ranks not connected to the coordinator: " + rankList(missing));
+    }
+    auto sock = std::make_unique<FrameSocket>(fd);
+    std::string hello;
+    if (!sock->readOne(hello, deadline)) continue;
+    try {
+      const Hello h = decodeHello(hello);
+      const uint32_t rank = h.rank;
+      const std::string& secret = h.secret;
+      // A stranger (wrong secret, bad rank) is dropped; the others go on.
+      if (secret != config_.secret || rank == 0 || rank >= static_cast<uint32_t>(topology_.size) ||
+          workers_[rank]) {
+        continue;
+      }
+      workers_[rank] = std::move(sock);
+      ++connected;
+    } catch (const WireError&) {
+      continue;
+    }
+  }
+  ::close(listen_fd);
+  const std::string welcome = encodeWelcome();
+  for (int r = 1; r < topology_.size; ++r) {
+    workers_[r]->send(welcome);
+    workers_[r]->flushBlocking(config_.start_timeout);
+  }
+}
+
+void ControlChannel::connectWorker(StoreClient& store, const std::string& prefix) {
+  const auto deadline = std::chrono::steady_clock::now() + config_.start_timeout;
+  std::string address;
+  try {
+    address = store.get(prefix + "control", config_.start_timeout);
+  } catch (const StoreTimeout&) {
+    throw std::runtime_error(missingRanksMessage(store, prefix, "rank 0 did not publish its address"));
+  }
+  const size_t colon = address.rfind(':');
+  int fd = connectTcp(address.substr(0, colon), std::stoi(address.substr(colon + 1)), deadline);
+  if (fd < 0) {
+    throw std::runtime_error(missingRanksMessage(store, prefix, ("cannot reach rank 0 at " + address).c_str()));
+  }
+  to_coordinator_ = std::make_unique<FrameSocket>(fd);
+  to_coordinator_->send(encodeHello({static_cast<uint32_t>(topology_.rank), config_.secret}));
+  to_coordinator_->flushBlocking(config_.start_timeout);
+  std::string welcome;
+  if (!to_coordinator_->readOne(welcome, deadline)) {
+    throw std::runtime_error(missingRanksMessage(store, prefix, "rank 0 did not see every rank"));
+  }
+}
+
+std::string ControlChannel::missingRanksMessage(StoreClient& store, const std::string& prefix,
+                                                const char* what) {
+  std::vector<int> missing;
+  try {
+    auto keys = store.listKeys(prefix + "arrived/");
+    for (int r = 0; r < topology_.size; ++r) {
+      const std::string key = prefix + "arrived/" + std::to_string(r);
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) missing.push_back(r);
+    }
+  } catch (const std::exception&) {
+  }
+  std::ostringstream os;
+  os << "hvd_torch rendezvous failed on rank " << topology_.rank << ": " << what << " within "
+     << config_.start_timeout.count() / 1000 << " s (HOROVOD_START_TIMEOUT); store "
+     << config_.store_host << ":" << config_.store_port << "; ranks that never arrived: "
+     << rankList(missing);
+  return os.str();
+}
+
+// Rank 0 makes one segment with two rings per other rank (to it, from it),
+// the others map it, rank 0 unlinks the name; then each control socket sends
+// and receives through its rings. Rank 0's HVD_TORCH_SHM_CONTROL decides; a
+// rank that cannot map the segment keeps every rank on TCP. Nothing is in
+// flight on the sockets here: the handshake is over, the loop not started.
+void ControlChannel::attachRings(StoreClient& store, const std::string& prefix) {
+  constexpr size_t kRingBytes = size_t{256} << 10;
+  const size_t lane = 2 * ByteRing::footprint(kRingBytes);
+  const auto timeout = config_.start_timeout;
+  const int n = topology_.size;
+  bool ok = true;
+  if (topology_.rank == 0) {
+    std::string name = config_.shm_control ? ShmSegment::uniqueName() : "";
+    try {
+      if (!name.empty()) segment_ = ShmSegment::create(name, lane * (n - 1));
+    } catch (const std::exception& e) {
+      HVD_LOG(kWarning) << "control frames stay on TCP: " << e.what();
+      name.clear();
+    }
+    store.set(prefix + "name", name);
+    if (name.empty()) return;
+    for (int r = 1; r < n; ++r)
+      ok = store.get(prefix + "mapped/" + std::to_string(r), timeout) == "1" && ok;
+    segment_.unlink();
+    store.set(prefix + "verdict", ok ? "1" : "0");
+  } else {
+    const std::string name = store.get(prefix + "name", timeout);
+    if (name.empty()) return;
+    try {
+      segment_ = ShmSegment::open(name, lane * (n - 1));
+    } catch (const std::exception& e) {
+      HVD_LOG(kWarning) << "control frames stay on TCP: " << e.what();
+      ok = false;
+    }
+    store.set(prefix + "mapped/" + std::to_string(topology_.rank), ok ? "1" : "0");
+    ok = store.get(prefix + "verdict", timeout) == "1";
+  }
+  if (!ok) {
+    segment_ = ShmSegment();
+    return;
+  }
+  // Rank r's lane: the ring to rank 0, then the ring back.
+  for (int r = 1; r < n; ++r) {
+    char* at = segment_.data() + lane * (r - 1);
+    rings_.push_back(std::make_unique<ByteRing>(at, kRingBytes));
+    rings_.push_back(std::make_unique<ByteRing>(at + lane / 2, kRingBytes));
+  }
+  auto up = [&](int r) { return rings_[2 * (r - 1)].get(); };
+  auto down = [&](int r) { return rings_[2 * (r - 1) + 1].get(); };
+  if (topology_.rank == 0) {
+    for (int r = 1; r < n; ++r) workers_[r]->attachRings(down(r), up(r));
+  } else {
+    to_coordinator_->attachRings(up(topology_.rank), down(topology_.rank));
+  }
+}
+
+std::string ControlChannel::plane() const {
+  if (topology_.size == 1) return "local";
+  return rings_.empty() ? "tcp" : "shm";
+}
+
+void ControlChannel::sendToAll(const std::string& frame) {
+  for (int rank = 1; rank < topology_.size; ++rank) workers_[rank]->send(frame);
+}
+
+void ControlChannel::sendToCoordinator(const std::string& frame) { to_coordinator_->send(frame); }
+
+bool ControlChannel::readFrom(int rank, std::vector<std::string>& frames) {
+  return workers_[rank]->readAvailable(frames);
+}
+
+bool ControlChannel::readFromCoordinator(std::vector<std::string>& frames) {
+  return to_coordinator_->readAvailable(frames);
+}
+
+void ControlChannel::watchList(int wake_fd, std::vector<pollfd>& fds,
+                               std::vector<FrameSocket*>& owners) const {
+  fds.clear();
+  owners.clear();
+  fds.push_back({wake_fd, POLLIN, 0});
+  owners.push_back(nullptr);
+  for (const auto& w : workers_) {
+    if (!w) continue;
+    fds.push_back({w->fd(), static_cast<short>(POLLIN | (w->wantsWrite() ? POLLOUT : 0)), 0});
+    owners.push_back(w.get());
+  }
+  if (to_coordinator_) {
+    fds.push_back({to_coordinator_->fd(),
+                   static_cast<short>(POLLIN | (to_coordinator_->wantsWrite() ? POLLOUT : 0)), 0});
+    owners.push_back(to_coordinator_.get());
+  }
+}
+
+bool ControlChannel::hasInput() const {
+  for (const auto& w : workers_)
+    if (w && w->hasInput()) return true;
+  return to_coordinator_ && to_coordinator_->hasInput();
+}
+
+bool ControlChannel::hasOutput() const {
+  for (const auto& w : workers_)
+    if (w && w->hasOutput()) return true;
+  return to_coordinator_ && to_coordinator_->hasOutput();
+}
+
+void ControlChannel::flushAll() {
+  for (auto& w : workers_)
+    if (w) w->flush();
+  if (to_coordinator_) to_coordinator_->flush();
+}
+
+void ControlChannel::noteAllReadable() {
+  for (auto& w : workers_)
+    if (w) w->noteReadable();
+  if (to_coordinator_) to_coordinator_->noteReadable();
+}
+
+bool ControlChannel::sleepIfIdle() {
+  bool idle = true;
+  for (auto& w : workers_)
+    if (w) idle = w->sleepIfIdle() && idle;
+  if (to_coordinator_) idle = to_coordinator_->sleepIfIdle() && idle;
+  return idle;
+}
+
+void ControlChannel::awake() {
+  for (auto& w : workers_)
+    if (w) w->awake();
+  if (to_coordinator_) to_coordinator_->awake();
+}
+
+void ControlChannel::sayBye() {
+  if (!to_coordinator_) return;
+  try {
+    to_coordinator_->send(encodeBye());
+    to_coordinator_->flushBlocking(std::chrono::milliseconds(1000));
+  } catch (const std::exception&) {
+  }
+}
+
+void ControlChannel::abortAll(const std::string& reason) {
+  const std::string abort = encodeAbort(reason);
+  for (auto& sock : workers_) {
+    if (!sock) continue;
+    try {
+      sock->send(abort);
+      sock->flushBlocking(std::chrono::milliseconds(1000));
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+std::string ControlChannel::diagnosePeerFailure() {
+  // The data plane only says "connection reset"; the control plane knows who
+  // died. Give it a moment to tell us, so the error names the rank.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::vector<std::string> frames;
+    if (to_coordinator_) {
+      bool open = to_coordinator_->readAvailable(frames);
+      for (const auto& f : frames) {
+        CoordinatorFrame c = decodeCoordinatorFrame(f);
+        if (c.kind == CoordinatorFrame::kAbort) return c.reason;
+      }
+      if (!open) return "lost the control connection to rank 0 (the coordinator)";
+    }
+    for (int rank = 1; rank < static_cast<int>(workers_.size()); ++rank) {
+      if (workers_[rank] && !workers_[rank]->readAvailable(frames)) {
+        return "rank " + std::to_string(rank) + " exited or lost its connection to the coordinator (rank 0)";
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return "";
+}
+
+void ControlChannel::close() {
+  workers_.clear();
+  to_coordinator_.reset();
+}
+
+}  // namespace hvd

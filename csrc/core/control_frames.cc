@@ -1,0 +1,133 @@
+#include "control_frames.h"
+
+#include "wire.h"
+
+namespace hvd {
+
+std::string encodeArrivals(const std::vector<Arrival>& arrivals) {
+  // u8 kind, u32 n, n x (u8 cached, i32 slot | Request, u8 inline, bytes)
+  Writer w;
+  w.put<uint8_t>(WorkerFrame::kRequests);
+  w.put<uint32_t>(static_cast<uint32_t>(arrivals.size()));
+  for (const auto& a : arrivals) {
+    w.put<uint8_t>(a.cache_id >= 0);
+    if (a.cache_id >= 0) {
+      w.put<int32_t>(a.cache_id);
+    } else {
+      a.request.encode(w);
+    }
+    w.put<uint8_t>(a.has_inline);
+    if (a.has_inline) w.putBytes(a.inline_data.data(), a.inline_data.size());
+  }
+  return std::move(w.buffer());
+}
+
+std::string encodeBye() {
+  Writer w;
+  w.put<uint8_t>(WorkerFrame::kBye);
+  return std::move(w.buffer());
+}
+
+WorkerFrame decodeWorkerFrame(const std::string& frame, int rank) {
+  Reader r(frame);
+  WorkerFrame out;
+  const uint8_t kind = r.get<uint8_t>();
+  if (kind == WorkerFrame::kBye) {
+    out.kind = WorkerFrame::kBye;
+    return out;
+  }
+  if (kind != WorkerFrame::kRequests) throw WireError("unknown control frame from a rank");
+  const uint32_t n = r.get<uint32_t>();
+  out.arrivals.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    Arrival a;
+    a.rank = rank;
+    if (r.get<uint8_t>()) {
+      a.cache_id = r.get<int32_t>();
+    } else {
+      a.request = Request::decode(r);
+    }
+    a.has_inline = r.get<uint8_t>() != 0;
+    if (a.has_inline) {
+      uint32_t len;
+      const char* p = r.getBytes(&len);
+      a.inline_data.assign(p, len);
+    }
+    out.arrivals.push_back(std::move(a));
+  }
+  return out;
+}
+
+std::string encodeResponses(const std::vector<Response>& responses) {
+  Writer w;  // u8 kind, u32 n, n x Response
+  w.put<uint8_t>(CoordinatorFrame::kResponses);
+  w.put<uint32_t>(static_cast<uint32_t>(responses.size()));
+  for (const auto& r : responses) r.encode(w);
+  return std::move(w.buffer());
+}
+
+std::string encodeAbort(const std::string& reason) {
+  Writer w;
+  w.put<uint8_t>(CoordinatorFrame::kAbort);
+  w.putString(reason);
+  return std::move(w.buffer());
+}
+
+std::string encodeWelcome() {
+  Writer w;
+  w.put<uint8_t>(CoordinatorFrame::kWelcome);
+  return std::move(w.buffer());
+}
+
+std::string encodeTunables(const Tunables& t) {
+  Writer w;
+  w.put<uint8_t>(CoordinatorFrame::kTunables);
+  w.put<uint64_t>(t.fusion_threshold);
+  w.put<uint64_t>(t.inline_threshold);
+  return std::move(w.buffer());
+}
+
+CoordinatorFrame decodeCoordinatorFrame(const std::string& frame) {
+  Reader r(frame);
+  CoordinatorFrame out;
+  switch (r.get<uint8_t>()) {
+    case CoordinatorFrame::kResponses: {
+      out.kind = CoordinatorFrame::kResponses;
+      const uint32_t n = r.get<uint32_t>();
+      out.responses.reserve(n);
+      for (uint32_t i = 0; i < n; ++i) out.responses.push_back(Response::decode(r));
+      return out;
+    }
+    case CoordinatorFrame::kAbort:
+      out.kind = CoordinatorFrame::kAbort;
+      out.reason = r.getString();
+      return out;
+    case CoordinatorFrame::kWelcome:
+      out.kind = CoordinatorFrame::kWelcome;
+      return out;
+    case CoordinatorFrame::kTunables:
+      out.kind = CoordinatorFrame::kTunables;
+      out.tunables.fusion_threshold = static_cast<size_t>(r.get<uint64_t>());
+      out.tunables.inline_threshold = static_cast<size_t>(r.get<uint64_t>());
+      return out;
+    default:
+      throw WireError("unknown control frame from the coordinator");
+  }
+}
+
+std::string encodeHello(const Hello& hello) {
+  Writer w;
+  w.put<uint32_t>(hello.rank);
+  w.putString(hello.secret);
+  return std::move(w.buffer());
+}
+
+Hello decodeHello(const std::string& frame) {
+  Reader r(frame);
+  Hello h;
+  h.rank = r.get<uint32_t>();
+  h.secret = r.getString();
+  return h;
+}
+
+}  // namespace hvd

@@ -1,0 +1,129 @@
+// The control channel's frames (control_frames.h): every kind round-trips,
+// and a cut or unknown frame is a WireError, never a wrong message.
+#include "check.h"
+#include "core/control_frames.h"
+
+using namespace hvd;
+
+namespace {
+
+Arrival arrivalWithRequest() {
+  Arrival a;
+  a.request.type = OpType::kAllgather;
+  a.request.dtype = DataType::kFloat32;
+  a.request.name = "grads.7";
+  a.request.shape = {3, 4};
+  a.request.process_set = 2;
+  a.has_inline = true;
+  a.inline_data = std::string("\x01\x00\x02zz", 5);
+  return a;
+}
+
+Arrival cachedArrival(int32_t slot) {
+  Arrival a;
+  a.cache_id = slot;
+  return a;
+}
+
+// Every proper prefix of `frame` must throw WireError when decoded by `decode`.
+template <typename Decode>
+int prefixesThatDecode(const std::string& frame, Decode decode) {
+  int decoded = 0;
+  for (size_t n = 0; n < frame.size(); ++n) {
+    try {
+      decode(frame.substr(0, n));
+      ++decoded;
+    } catch (const WireError&) {
+    }
+  }
+  return decoded;
+}
+
+}  // namespace
+
+TEST(arrivals_round_trip_with_the_senders_rank) {
+  const std::string frame = encodeArrivals({arrivalWithRequest(), cachedArrival(5)});
+  WorkerFrame f = decodeWorkerFrame(frame, 3);
+  CHECK(f.kind == WorkerFrame::kRequests);
+  CHECK_EQ(f.arrivals.size(), size_t{2});
+  if (f.arrivals.size() != 2) return;
+  CHECK_EQ(f.arrivals[0].rank, 3);
+  CHECK_EQ(f.arrivals[0].cache_id, -1);
+  CHECK(f.arrivals[0].request == arrivalWithRequest().request);
+  CHECK(f.arrivals[0].has_inline);
+  CHECK(f.arrivals[0].inline_data == arrivalWithRequest().inline_data);
+  CHECK_EQ(f.arrivals[1].rank, 3);
+  CHECK_EQ(f.arrivals[1].cache_id, 5);
+  CHECK(!f.arrivals[1].has_inline);
+}
+
+TEST(bye_round_trips) {
+  CHECK(decodeWorkerFrame(encodeBye(), 1).kind == WorkerFrame::kBye);
+}
+
+TEST(responses_round_trip_in_order) {
+  Response a;
+  a.kind = Response::kExecute;
+  a.names = {"x", "y"};
+  a.cache_ids = {1, -1};
+  a.first_dims = {{2, 3}, {4, 5}};
+  Response b;
+  b.kind = Response::kError;
+  b.names = {"z"};
+  b.error = "shapes differ";
+  b.process_set = 4;
+  CoordinatorFrame f = decodeCoordinatorFrame(encodeResponses({a, b}));
+  CHECK(f.kind == CoordinatorFrame::kResponses);
+  CHECK_EQ(f.responses.size(), size_t{2});
+  if (f.responses.size() != 2) return;
+  CHECK(f.responses[0].names == a.names);
+  CHECK(f.responses[0].first_dims == a.first_dims);
+  CHECK(f.responses[0].cache_ids == a.cache_ids);
+  CHECK(f.responses[1].kind == Response::kError);
+  CHECK_EQ(f.responses[1].error, std::string("shapes differ"));
+  CHECK_EQ(f.responses[1].process_set, 4);
+}
+
+TEST(abort_welcome_and_tunables_round_trip) {
+  CoordinatorFrame abort = decodeCoordinatorFrame(encodeAbort("rank 2 exited"));
+  CHECK(abort.kind == CoordinatorFrame::kAbort);
+  CHECK_EQ(abort.reason, std::string("rank 2 exited"));
+  CHECK(decodeCoordinatorFrame(encodeWelcome()).kind == CoordinatorFrame::kWelcome);
+  Tunables t;
+  t.fusion_threshold = (size_t{1} << 33) + 7;  // over 32 bits
+  t.inline_threshold = 12345;
+  CoordinatorFrame tun = decodeCoordinatorFrame(encodeTunables(t));
+  CHECK(tun.kind == CoordinatorFrame::kTunables);
+  CHECK_EQ(tun.tunables.fusion_threshold, t.fusion_threshold);
+  CHECK_EQ(tun.tunables.inline_threshold, t.inline_threshold);
+}
+
+TEST(hello_round_trips) {
+  Hello h = decodeHello(encodeHello({7, "s3cret"}));
+  CHECK_EQ(h.rank, uint32_t{7});
+  CHECK_EQ(h.secret, std::string("s3cret"));
+}
+
+TEST(every_cut_frame_is_a_wire_error) {
+  CHECK_EQ(prefixesThatDecode(encodeArrivals({arrivalWithRequest(), cachedArrival(5)}),
+                              [](const std::string& f) { decodeWorkerFrame(f, 1); }),
+           0);
+  Response r;
+  r.names = {"x"};
+  r.cache_ids = {-1};
+  CHECK_EQ(prefixesThatDecode(encodeResponses({r, r}),
+                              [](const std::string& f) { decodeCoordinatorFrame(f); }),
+           0);
+  CHECK_EQ(prefixesThatDecode(encodeTunables(Tunables()),
+                              [](const std::string& f) { decodeCoordinatorFrame(f); }),
+           0);
+  CHECK_EQ(prefixesThatDecode(encodeHello({1, "k"}), [](const std::string& f) { decodeHello(f); }),
+           0);
+}
+
+TEST(unknown_kinds_are_wire_errors) {
+  CHECK_THROWS(decodeWorkerFrame(std::string(1, '\x09'), 1), WireError);
+  CHECK_THROWS(decodeCoordinatorFrame(std::string(1, '\x09')), WireError);
+}
+
+int main() { return check::runAll(); }

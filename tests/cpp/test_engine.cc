@@ -1,0 +1,440 @@
+// The whole engine (engine.h) with several ranks in one process: each rank
+// is an Engine on its own thread, meeting the others through a store in
+// memory and a real control channel over loopback, with a fake data plane
+// that moves bytes between the threads. Negotiation in any submission order,
+// fusion, response-cache hits, a late rank, a stalled rank, ranks that
+// disagree, and a backend that fails.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "core/engine.h"
+#include "core/reduce.h"
+
+using namespace hvd;
+using std::chrono::milliseconds;
+
+namespace {
+
+// ------------------------------------------------------------ the store
+
+struct MemoryStoreState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, std::string> kv;
+};
+
+// One rank's view of a store shared by every rank of the test.
+class MemoryStore : public StoreClient {
+ public:
+  explicit MemoryStore(std::shared_ptr<MemoryStoreState> s)
+      : StoreClient("memory"), s_(std::move(s)) {}
+
+  void set(const std::string& key, const std::string& value) override {
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      s_->kv[key] = value;
+    }
+    s_->cv.notify_all();
+  }
+  std::string get(const std::string& key, milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(s_->mu);
+    if (!s_->cv.wait_for(lock, timeout, [&] { return s_->kv.count(key) > 0; }))
+      throw StoreTimeout("memory store: no key " + key, {key});
+    return s_->kv[key];
+  }
+  std::vector<std::string> wait(const std::vector<std::string>& keys,
+                                milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(s_->mu);
+    auto missing = [&] {
+      std::vector<std::string> m;
+      for (const auto& k : keys)
+        if (!s_->kv.count(k)) m.push_back(k);
+      return m;
+    };
+    s_->cv.wait_for(lock, timeout, [&] { return missing().empty(); });
+    return missing();
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    auto& v = s_->kv[key];
+    const int64_t now = (v.empty() ? 0 : std::stoll(v)) + delta;
+    v = std::to_string(now);
+    s_->cv.notify_all();
+    return now;
+  }
+  void deleteKey(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->kv.erase(key);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    for (const auto& k : keys)
+      if (!s_->kv.count(k)) return false;
+    return true;
+  }
+  std::vector<std::string> listKeys(const std::string& prefix) override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    std::vector<std::string> out;
+    for (auto it = s_->kv.lower_bound(prefix); it != s_->kv.end(); ++it) {
+      if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+      out.push_back(it->first);
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<MemoryStoreState> s_;
+};
+
+// ------------------------------------------------------- the data plane
+
+// Where the ranks' fake backends meet: the k-th collective of every rank
+// is round k; each rank leaves its bytes and takes everyone's.
+struct Hub {
+  explicit Hub(int n) : size(n) {}
+  const int size;
+  std::mutex mu;
+  std::condition_variable cv;
+  struct Round {
+    std::vector<std::string> data;
+    int arrived = 0;
+    int taken = 0;
+  };
+  std::map<uint64_t, Round> rounds;
+  std::string broken;  // a rank's backend failed: the others' calls fail too
+  std::map<std::string, int> calls;  // by op name, over every rank
+
+  std::vector<std::string> exchange(int rank, uint64_t round, const char* op, std::string data) {
+    std::unique_lock<std::mutex> lock(mu);
+    ++calls[op];
+    Round& r = rounds[round];
+    if (r.data.empty()) r.data.resize(size);
+    r.data[rank] = std::move(data);
+    ++r.arrived;
+    cv.notify_all();
+    if (!cv.wait_for(lock, std::chrono::seconds(10),
+                     [&] { return r.arrived == size || !broken.empty(); }))
+      throw std::runtime_error("fake backend: round timed out");
+    if (r.arrived < size) throw std::runtime_error("connection reset: " + broken);
+    std::vector<std::string> all = r.data;
+    if (++r.taken == size) rounds.erase(round);
+    return all;
+  }
+  void fail(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    broken = why;
+    cv.notify_all();
+  }
+  int callsOf(const char* op) {
+    std::lock_guard<std::mutex> lock(mu);
+    return calls[op];
+  }
+};
+
+class FakeBackend : public Backend {
+ public:
+  FakeBackend(std::shared_ptr<Hub> hub, int rank, int fail_allreduce_at)
+      : hub_(std::move(hub)), rank_(rank), fail_at_(fail_allreduce_at) {}
+  const char* name() const override { return "fake"; }
+
+  void allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override {
+    const size_t bytes = count * dataTypeSize(dtype);
+    if (allreduces_++ == fail_at_) {
+      hub_->fail("rank " + std::to_string(rank_) + "'s backend failed");
+      throw std::runtime_error("fake backend failure on rank " + std::to_string(rank_));
+    }
+    auto all = hub_->exchange(rank_, round_++, "allreduce",
+                              std::string(static_cast<char*>(buf), bytes));
+    std::memcpy(buf, all[0].data(), bytes);
+    ReduceFn reduce = reduceFunction(dtype, op);
+    for (int r = 1; r < hub_->size; ++r) reduce(buf, buf, all[r].data(), count);
+  }
+  void allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                  DataType dtype) override {
+    const size_t elem = dataTypeSize(dtype);
+    auto all = hub_->exchange(rank_, round_++, "allgatherv",
+                              std::string(static_cast<const char*>(in), counts[rank_] * elem));
+    char* o = static_cast<char*>(out);
+    for (const auto& d : all) {
+      std::memcpy(o, d.data(), d.size());
+      o += d.size();
+    }
+  }
+  void broadcast(void* buf, size_t count, DataType dtype, int root) override {
+    const size_t bytes = count * dataTypeSize(dtype);
+    auto all = hub_->exchange(rank_, round_++, "broadcast",
+                              std::string(static_cast<char*>(buf), bytes));
+    std::memcpy(buf, all[root].data(), bytes);
+  }
+  void alltoallv(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&,
+                 DataType) override {
+    throw std::runtime_error("fake backend: no alltoall");
+  }
+  void barrier() override { hub_->exchange(rank_, round_++, "barrier", ""); }
+
+ private:
+  std::shared_ptr<Hub> hub_;
+  const int rank_;
+  const int fail_at_;
+  int allreduces_ = 0;
+  uint64_t round_ = 0;
+};
+
+// ------------------------------------------------------------ the ranks
+
+struct Job {
+  std::vector<std::shared_ptr<Engine>> engines;
+  std::shared_ptr<Hub> hub;
+  ~Job() {
+    for (auto& e : engines)
+      if (e) e->shutdown();
+  }
+};
+
+// Starts n in-process ranks; `tweak` adjusts each rank's config;
+// `fail_rank`'s backend throws at its `fail_at`-th allreduce.
+std::unique_ptr<Job> startJob(int n, const std::function<void(EngineConfig&)>& tweak = nullptr,
+                              int fail_rank = -1, int fail_at = -1) {
+  auto job = std::make_unique<Job>();
+  job->hub = std::make_shared<Hub>(n);
+  job->engines.resize(n);
+  auto store = std::make_shared<MemoryStoreState>();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(n);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Topology t;
+      t.rank = r;
+      t.size = n;
+      t.local_rank = r;
+      t.local_size = n;
+      EngineConfig c;
+      c.store_host = "memory";
+      c.secret = "secret";
+      c.hostname = "localhost";
+      c.start_timeout = milliseconds(10000);
+      c.inline_threshold = 0;  // every op through the backend unless a test says
+      if (tweak) tweak(c);
+      auto hub = job->hub;
+      BackendFactory make = [hub, fail_rank, fail_at](const Topology& topo, const EngineConfig&,
+                                                      StoreClient&, const std::string&) {
+        return std::unique_ptr<Backend>(
+            new FakeBackend(hub, topo.rank, topo.rank == fail_rank ? fail_at : -1));
+      };
+      try {
+        job->engines[r] = Engine::start(t, c, make, 1, nullptr, std::make_unique<MemoryStore>(store));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r)
+    if (!errors[r].empty()) throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[r]);
+  return job;
+}
+
+// One op's buffers, kept alive until it completes.
+struct Op {
+  std::vector<float> in, out;
+  std::shared_ptr<Work> work;
+  std::vector<float> gathered;
+};
+
+std::shared_ptr<Op> allreduce(Engine& e, const std::string& name, std::vector<float> data,
+                              ReduceOp op = ReduceOp::kSum, bool wake = true) {
+  auto o = std::make_shared<Op>();
+  o->in = std::move(data);
+  o->out.resize(o->in.size());
+  Entry entry;
+  entry.request.type = OpType::kAllreduce;
+  entry.request.dtype = DataType::kFloat32;
+  entry.request.reduce_op = op;
+  entry.request.name = name;
+  entry.request.shape = {static_cast<int64_t>(o->in.size())};
+  entry.input = o->in.data();
+  entry.output = o->out.data();
+  o->work = e.enqueue(std::move(entry), wake);
+  return o;
+}
+
+std::shared_ptr<Op> allgather(Engine& e, const std::string& name, std::vector<float> rows) {
+  auto o = std::make_shared<Op>();
+  o->in = std::move(rows);
+  Entry entry;
+  entry.request.type = OpType::kAllgather;
+  entry.request.dtype = DataType::kFloat32;
+  entry.request.name = name;
+  entry.request.shape = {static_cast<int64_t>(o->in.size())};
+  entry.input = o->in.data();
+  Op* raw = o.get();
+  entry.allocate = [raw](int64_t total) {
+    raw->gathered.resize(static_cast<size_t>(total));
+    return static_cast<void*>(raw->gathered.data());
+  };
+  o->work = e.enqueue(std::move(entry));
+  return o;
+}
+
+Status waitFor(const Op& o) { return o.work->wait(); }
+
+// Runs fn(rank, engine) on every rank at once, as the ranks' own threads would.
+void onEveryRank(Job& job, const std::function<void(int, Engine&)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < static_cast<int>(job.engines.size()); ++r)
+    threads.emplace_back([&, r] { fn(r, *job.engines[r]); });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+TEST(ranks_that_submit_in_different_orders_get_every_sum) {
+  for (int n : {2, 3}) {
+    auto job = startJob(n);
+    std::vector<std::vector<float>> a(n), b(n);
+    onEveryRank(*job, [&](int r, Engine& e) {
+      std::shared_ptr<Op> x, y;
+      if (r % 2 == 0) {
+        x = allreduce(e, "a", {float(r), 1});
+        y = allreduce(e, "b", {10.f * r});
+      } else {
+        y = allreduce(e, "b", {10.f * r});
+        x = allreduce(e, "a", {float(r), 1});
+      }
+      CHECK(waitFor(*x).ok());
+      CHECK(waitFor(*y).ok());
+      a[r] = x->out;
+      b[r] = y->out;
+    });
+    const float ranks = float(n * (n - 1) / 2);
+    for (int r = 0; r < n; ++r) {
+      CHECK(a[r] == (std::vector<float>{ranks, float(n)}));
+      CHECK(b[r] == (std::vector<float>{10 * ranks}));
+    }
+  }
+}
+
+TEST(ops_submitted_together_are_fused_into_one_backend_call) {
+  auto job = startJob(2);
+  onEveryRank(*job, [&](int r, Engine& e) {
+    std::vector<std::shared_ptr<Op>> ops;
+    for (int i = 0; i < 8; ++i)  // asleep until the last: one batch
+      ops.push_back(allreduce(e, "g" + std::to_string(i), {float(i + r)}, ReduceOp::kSum, i == 7));
+    for (int i = 0; i < 8; ++i) {
+      CHECK(waitFor(*ops[i]).ok());
+      CHECK_EQ(ops[i]->out[0], float(2 * i + 1));
+    }
+  });
+  CHECK(job->hub->callsOf("allreduce") < 2 * 8);  // 2 ranks x fewer than 8 calls
+  CHECK(job->hub->callsOf("allreduce") >= 2);
+}
+
+TEST(a_repeated_op_goes_as_its_cache_slot) {
+  auto job = startJob(3);
+  onEveryRank(*job, [&](int r, Engine& e) {
+    for (int step = 0; step < 5; ++step) {
+      auto o = allreduce(e, "grad", {float(r + step)});
+      CHECK(waitFor(*o).ok());
+      CHECK_EQ(o->out[0], float(3 + 3 * step));
+    }
+  });
+  for (auto& e : job->engines) CHECK(e->cachedSubmissions() >= 4);
+}
+
+TEST(a_late_rank_is_waited_for) {
+  auto job = startJob(3);
+  onEveryRank(*job, [&](int r, Engine& e) {
+    if (r == 2) std::this_thread::sleep_for(milliseconds(300));
+    auto o = allreduce(e, "late", {1.f});
+    CHECK(waitFor(*o).ok());
+    CHECK_EQ(o->out[0], 3.f);
+  });
+}
+
+TEST(allgather_concatenates_rows_of_different_counts) {
+  auto job = startJob(3);
+  onEveryRank(*job, [&](int r, Engine& e) {
+    std::vector<float> rows(r + 1, float(r));
+    auto o = allgather(e, "ag", rows);
+    CHECK(waitFor(*o).ok());
+    CHECK(o->gathered == (std::vector<float>{0, 1, 1, 2, 2, 2}));
+    CHECK(o->work->firstDims() == (std::vector<int64_t>{1, 2, 3}));
+  });
+}
+
+TEST(small_ops_can_go_inline_through_rank_0_without_the_backend) {
+  auto job = startJob(2, [](EngineConfig& c) { c.inline_threshold = 1 << 20; });
+  onEveryRank(*job, [&](int r, Engine& e) {
+    auto o = allreduce(e, "tiny", {float(r + 1), 2});
+    CHECK(waitFor(*o).ok());
+    CHECK(o->out == (std::vector<float>{3, 4}));
+  });
+  CHECK_EQ(job->hub->callsOf("allreduce"), 0);
+}
+
+TEST(ranks_that_disagree_get_the_same_error_and_go_on) {
+  for (int n : {2, 3}) {
+    auto job = startJob(n);
+    std::vector<Status> statuses(n);
+    onEveryRank(*job, [&](int r, Engine& e) {
+      auto bad = allreduce(e, "shape", std::vector<float>(r == 1 ? 3 : 2, 1.f));
+      statuses[r] = waitFor(*bad);
+      auto good = allreduce(e, "after", {1.f});
+      CHECK(waitFor(*good).ok());
+      CHECK_EQ(good->out[0], float(n));
+    });
+    for (int r = 0; r < n; ++r) {
+      CHECK(statuses[r].code == Status::kRefused);
+      CHECK(statuses[r].message.find("shape") != std::string::npos);
+      CHECK_EQ(statuses[r].message, statuses[0].message);
+    }
+  }
+}
+
+TEST(a_failing_backend_fails_every_rank_as_a_peer_failure) {
+  auto job = startJob(3, nullptr, /*fail_rank=*/1, /*fail_at=*/1);
+  std::vector<Status> statuses(3);
+  onEveryRank(*job, [&](int r, Engine& e) {
+    auto first = allreduce(e, "ok", {1.f});
+    CHECK(waitFor(*first).ok());
+    auto second = allreduce(e, "boom", {1.f});
+    statuses[r] = waitFor(*second);
+  });
+  for (int r = 0; r < 3; ++r) {
+    CHECK(statuses[r].code == Status::kPeerFailure);
+    CHECK(!statuses[r].message.empty());
+  }
+  // The job is broken: a later op fails at once with the same kind.
+  auto later = allreduce(*job->engines[0], "later", {1.f});
+  CHECK(waitFor(*later).code == Status::kPeerFailure);
+}
+
+TEST(a_stalled_rank_fails_the_job_after_the_shutdown_time_naming_it) {
+  auto job = startJob(2, [](EngineConfig& c) {
+    c.stall_warning = std::chrono::seconds(1);
+    c.stall_shutdown = std::chrono::seconds(2);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto o = allreduce(*job->engines[0], "never", {1.f});  // rank 1 never submits it
+  const Status s = waitFor(*o);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(s.code == Status::kPeerFailure);
+  CHECK(s.message.find("'never' waited") != std::string::npos);
+  CHECK(s.message.find("ranks [1]") != std::string::npos);
+  CHECK(took >= std::chrono::seconds(2));
+  CHECK(took < std::chrono::seconds(6));
+}
+
+int main() { return check::runAll(); }
