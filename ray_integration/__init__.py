@@ -6,7 +6,7 @@
 See docs/ray.md. hvd_torch itself knows nothing of Ray; this package drives it.
 
 Names are resolved on first use (PEP 562): every worker process imports
-ray_integration.worker, and must not pay for torch (hvd_torch.runner) and Ray
+ray_integration.worker, and must not pay for torch and Ray
 Tune, seconds each, before the user's function asks for them.
 """
 

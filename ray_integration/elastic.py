@@ -9,7 +9,7 @@
 The job's workers are actors on the cluster's nodes, as many as the nodes'
 resources hold (node_discovery.py), between min and max. Workers that die are
 replaced, workers for new nodes are started, and the training loop goes on
-from its last commit: hvd_torch.runner.elastic_driver.ElasticDriver does all
+from its last commit: hvdrun.elastic_driver.ElasticDriver does all
 of that, here with Ray actors as its workers (elastic_launcher.py), and runs
 in the thread that calls run(). Protocol: docs/elastic.md; this mode:
 docs/ray.md, "Elastic mode".
@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 
 import ray
 
-from hvd_torch.runner import elastic_keys as keys
-from hvd_torch.runner.elastic_driver import ElasticDriver
-from hvd_torch.runner.store import KVStoreClient, KVStoreServer, StoreError, secret_to_hex
+from hvdrun import elastic_keys as keys
+from hvdrun.elastic_driver import ElasticDriver
+from hvdrun.store import KVStoreClient, KVStoreServer, StoreError, secret_to_hex
 
 from .elastic_launcher import RayLauncher
 from .executor import refuse_cooldown_range, refuse_ray_client

@@ -1,9 +1,9 @@
 """The elastic driver's launcher on Ray: one actor per elastic worker.
 
-hvd_torch.runner.elastic_driver.ElasticDriver starts, replaces and regroups
+hvdrun.elastic_driver.ElasticDriver starts, replaces and regroups
 workers through a launcher (start(worker_id, host, env) -> handle with poll()
 and kill(), and engine_host(host)); elastic hvdrun plugs in local processes
-(hvd_torch/runner/elastic_launch.py), this module plugs in Ray actors. A
+(hvdrun/elastic_launch.py), this module plugs in Ray actors. A
 "host" is a node label from node_discovery.NodeDiscovery.
 
 One worker is one actor, which is one process: the worker's identity and its

@@ -8,7 +8,7 @@
 
 start() reserves a placement group (placement.py), serves the job's Gloo
 rendezvous store on the driver, starts one actor per rank (worker_group.py),
-gives each its rank environment (hvd_torch.runner.env) and, for stateful jobs,
+gives each its rank environment (hvdrun.env) and, for stateful jobs,
 builds one executable per worker. The pieces are separate so an elastic
 executor can reuse them with its own rendezvous and restart policy.
 
@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 
 import ray
 
-from hvd_torch.runner.env import horovod_env
-from hvd_torch.runner.store import KVStoreServer
+from hvdrun.env import horovod_env
+from hvdrun.store import KVStoreServer
 
 from . import placement
 from .settings import RaySettings

@@ -3,7 +3,7 @@
 The launcher lives in the top-level package `hvdrun` so that it starts without
 torch or the compiled extension (importing anything under `hvd_torch` runs
 hvd_torch/__init__.py, which loads both).  Code that runs next to torch anyway
-(the elastic worker side, the Ray driver, tests) may keep importing it from here:
+(the elastic worker side, tests) may keep importing it from here:
 each name below is the very same module object, so monkeypatching one patches both.
 """
 

@@ -179,3 +179,21 @@ def test_the_slurm_recipe_parses():
     assert (opts.node.nnodes, opts.node.node_rank, opts.node.nproc_per_node) == (2, 1, 2)
     assert (opts.node.host, opts.node.port) == ("cn07", 29403)
     assert "#SBATCH --nodes=2" in text and "export HVD_TORCH_SECRET" in text
+
+
+def test_the_ray_driver_loads_neither_torch_nor_hvd_torch(tmp_path):
+    # The driver's modules reach the launcher as hvdrun (not the hvd_torch.runner
+    # alias, which imports hvd_torch and so torch and _C): a driver that only
+    # schedules actors pays for neither, and works where torch cannot load.
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('torch is not available here')\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+    check = subprocess.run(
+        [sys.executable, "-c", "import sys, ray_integration.executor, ray_integration.elastic, "
+         "ray_integration.elastic_launcher; "
+         "print(sorted(m for m in sys.modules if m.startswith(('torch', 'hvd_torch'))))"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.strip() == "[]", check
