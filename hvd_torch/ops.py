@@ -21,52 +21,8 @@ from hvd_torch.process_sets import global_process_set, process_set_id
 _ops = torch.ops.hvd_torch
 
 
-# Fake kernels: shapes and dtypes without communication, for FakeTensor,
-# torch.library.opcheck and (later) torch.compile.
-@torch.library.register_fake("hvd_torch::allreduce")
-def _allreduce_fake(tensor, name="", op=0, prescale_factor=1.0, postscale_factor=1.0,
-                    process_set_id=0):
-    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
-
-
-@torch.library.register_fake("hvd_torch::allreduce_")
-def _allreduce_inplace_fake(tensor, name="", op=0, prescale_factor=1.0, postscale_factor=1.0,
-                            process_set_id=0):
-    return None
-
-
-@torch.library.register_fake("hvd_torch::allgather")
-def _allgather_fake(tensor, name="", process_set_id=0):
-    # The first dimension is the sum over ranks: unknown until run time.
-    rows = torch.library.get_ctx().new_dynamic_size()
-    shape = (rows,) + tuple(tensor.shape[1:]) if tensor.dim() else (rows,)
-    return tensor.new_empty(shape)
-
-
-@torch.library.register_fake("hvd_torch::alltoall")
-def _alltoall_fake(tensor, splits=None, name="", process_set_id=0):
-    ctx = torch.library.get_ctx()
-    rows = ctx.new_dynamic_size()
-    received = tensor.new_empty((ctx.new_dynamic_size(),), dtype=torch.int32)
-    return tensor.new_empty((rows,) + tuple(tensor.shape[1:])), received
-
-
-@torch.library.register_fake("hvd_torch::reducescatter")
-def _reducescatter_fake(tensor, name="", op=0, prescale_factor=1.0, postscale_factor=1.0,
-                        process_set_id=0):
-    rows = torch.library.get_ctx().new_dynamic_size()
-    return tensor.new_empty((rows,) + tuple(tensor.shape[1:]))
-
-
-@torch.library.register_fake("hvd_torch::broadcast")
-def _broadcast_fake(tensor, root_rank=0, name="", process_set_id=0):
-    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
-
-
-@torch.library.register_fake("hvd_torch::broadcast_")
-def _broadcast_inplace_fake(tensor, root_rank=0, name="", process_set_id=0):
-    return None
-
+# Fake kernels, and which ops are eager-only: one contract for every schema.
+from hvd_torch import compile_contract  # noqa: E402,F401
 
 def _translate_errors(fn):
     """Engine failures become HorovodInternalError, decided by the error's type.

@@ -225,7 +225,11 @@ TORCH_LIBRARY_IMPL(hvd_torch, CUDA, m) { registerTensorKernels(m); }
 
 // Ops without a tensor argument have no dispatch key to select a backend:
 // a composite kernel serves every key (and autograd has nothing to track).
-TORCH_LIBRARY_IMPL(hvd_torch, CompositeImplicitAutograd, m) {
+// Explicit, not implicit: an implicit composite runs above the Python key, so
+// a tracer (FakeTensorMode, torch.compile) would run the real barrier or join
+// while tracing; an explicit one lets it reach the fake kernels
+// (hvd_torch/compile_contract.py).
+TORCH_LIBRARY_IMPL(hvd_torch, CompositeExplicitAutograd, m) {
   m.impl("barrier", barrier);
   m.impl("poll", poll);
   m.impl("synchronize", synchronize);
