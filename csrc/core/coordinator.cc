@@ -286,12 +286,10 @@ ReadyOp Coordinator::negotiate(Pending& p) {
   }
 
   // A slot every rank named was validated when it was created: skip the checks.
-  std::string error = all_same_slot ? "" : validate(reqs, ranks);
-  if (error.empty() && partial && r.type != OpType::kAllreduce &&
-      r.type != OpType::kReducescatter) {
-    error = std::string(opTypeName(r.type)) + " '" + name +
-            "' cannot run while some ranks have joined (only allreduce and reducescatter can)";
-  }
+  // What cannot run without the joined ranks is refused first: validating it
+  // against the ranks that did submit would only confuse.
+  std::string error = partial ? refuseWhileJoined(reqs[0], p) : "";
+  if (error.empty() && !all_same_slot) error = validate(reqs, ranks);
   if (!error.empty()) {
     r.kind = Response::kError;
     r.error = error;
@@ -299,9 +297,11 @@ ReadyOp Coordinator::negotiate(Pending& p) {
     return op;
   }
   if (partial) {
-    // Joined ranks take part with zeros: they need the op's shape and dtype.
-    r.contributors = static_cast<int32_t>(reqs.size());
+    // Joined ranks take part (zeros in, no rows for an allgather, the root's
+    // data received and dropped): they need the op's shape and dtype.
+    if (average_over_contributors_) r.contributors = static_cast<int32_t>(reqs.size());
     r.templates = {reqs[0]};
+    if (r.type == OpType::kAllgather && !r.templates[0].shape.empty()) r.templates[0].shape[0] = 0;
     r.cache_ids = {-1};
   } else if (all_same_slot) {
     r.cache_ids = {lead.cache_id};
@@ -316,8 +316,17 @@ ReadyOp Coordinator::negotiate(Pending& p) {
   }
 
   if (r.type == OpType::kAllgather) {
+    // Every member's rows, in set order; a joined rank gives none.
     std::vector<int64_t> dims;
-    for (const auto& q : reqs) dims.push_back(q.shape.empty() ? 1 : q.shape[0]);
+    size_t next = 0;
+    for (int rank : p.members) {
+      if (!p.arrived[rank]) {
+        dims.push_back(0);
+        continue;
+      }
+      const Request& q = reqs[next++];
+      dims.push_back(q.shape.empty() ? 1 : q.shape[0]);
+    }
     r.first_dims = {dims};
   } else if (r.type == OpType::kAlltoall) {
     std::vector<int64_t> matrix;
@@ -503,6 +512,23 @@ std::string Coordinator::validate(const std::vector<Request>& reqs,
   return "";
 }
 
+std::string Coordinator::refuseWhileJoined(const Request& q, const Pending& p) const {
+  const std::string what = std::string(opTypeName(q.type)) + " '" + q.name + "'";
+  switch (q.type) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+    case OpType::kAllgather:
+      return "";
+    case OpType::kBroadcast:
+      if (q.root_rank >= 0 && q.root_rank < size_ && p.arrived[q.root_rank]) return "";
+      return what + ": its root rank " + std::to_string(q.root_rank) +
+             " has joined, so there is nothing to broadcast";
+    default:
+      return what + " cannot run while some ranks have joined (allreduce, allgather, "
+                    "broadcast and reducescatter can)";
+  }
+}
+
 std::string Coordinator::reduceInline(const Request& q, Pending& p) const {
   const size_t n = static_cast<size_t>(q.numElements());
   const size_t bytes = q.numBytes();
@@ -518,8 +544,10 @@ std::string Coordinator::reduceInline(const Request& q, Pending& p) const {
     scaleBuffer(&data[0], n, q.dtype, q.prescale);
     if (&data == &tmp) fn(&acc[0], acc.data(), tmp.data(), n);
   }
-  // Joined ranks contribute nothing, and Average divides by those who did.
-  postscaleBuffer(&acc[0], n, q.dtype, q.reduce_op, contributors, q.postscale);
+  // Joined ranks contribute nothing; Average divides by the whole set, as if
+  // they sent zeros (Horovod), or by those who did, when so configured.
+  const int divisor = average_over_contributors_ ? contributors : static_cast<int>(p.members.size());
+  postscaleBuffer(&acc[0], n, q.dtype, q.reduce_op, divisor, q.postscale);
   return acc;
 }
 

@@ -60,10 +60,15 @@ class Coordinator {
   void setTimeline(Timeline* timeline) { timeline_ = timeline; }
 
   // join(): `rank` has no more work. Until every rank has joined, ops that
-  // all other ranks submitted run without it (allreduce and reducescatter,
-  // with zeros from joined ranks). When the last rank joins, a kDone
-  // response for the name "join" carries that rank in first_dims.
+  // all other ranks submitted run without it: allreduce and reducescatter
+  // with zeros from joined ranks, allgather with no rows from them, broadcast
+  // from a root that has not joined (Horovod's rules). When the last rank
+  // joins, a kDone response for the name "join" carries that rank in first_dims.
   void join(int rank);
+  // Average while some ranks have joined: over the whole set (Horovod's rule,
+  // joined ranks count as zeros) or, with true, over the ranks that submitted
+  // (HVD_TORCH_JOIN_AVERAGE=contributors).
+  void setAverageOverContributors(bool on) { average_over_contributors_ = on; }
 
  private:
   struct Pending {
@@ -86,12 +91,15 @@ class Coordinator {
   std::string validate(const std::vector<Request>& reqs, const std::vector<int>& ranks) const;
   // The arrived members' inline data, reduced in rank order (consumed).
   std::string reduceInline(const Request& q, Pending& p) const;
+  // An op some ranks joined before: "" when it can run without them, else why not.
+  std::string refuseWhileJoined(const Request& q, const Pending& p) const;
 
   bool readyToRun(const Pending& p) const;
   void markReady(const std::string& name, const Pending& p);
 
   int size_;
   size_t fusion_threshold_;
+  bool average_over_contributors_ = false;
   Timeline* timeline_ = nullptr;
   ProcessSetTable sets_;
   int32_t next_set_id_ = 1;  // ids are never reused, like cache slots

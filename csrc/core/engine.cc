@@ -42,6 +42,7 @@ void Engine::connect(const BackendFactory& make_backend, DevicePlaneFactory make
   if (topology_.rank == 0) {
     coordinator_ = std::make_unique<Coordinator>(topology_.size, config_.fusion_threshold,
                                                  config_.cache_capacity);
+    coordinator_->setAverageOverContributors(config_.join_average_contributors);
   }
   if (topology_.size > 1) {
     if (config_.store_host.empty() && !store) {
@@ -408,12 +409,20 @@ namespace {
 // A joined rank's stand-in for an op it never submitted: zeros in, the
 // result thrown away. It lets the rank take part in the collective.
 Entry phantomEntry(const Request& request, Memory& memory) {
-  std::shared_ptr<void> scratch = memory.zeros(request.numBytes());
+  // At least a byte: an allgather's stand-in has no rows, and a backend may
+  // refuse a null buffer even for zero elements.
+  std::shared_ptr<void> scratch = memory.zeros(std::max<size_t>(request.numBytes(), 1));
   Entry e;
   e.request = request;
   e.input = scratch.get();
   e.output = scratch.get();
-  e.allocate = [scratch](int64_t) { return scratch.get(); };
+  // An allgather's output: every other rank's rows, received and dropped.
+  auto gathered = std::make_shared<std::shared_ptr<void>>();
+  const size_t row_bytes = static_cast<size_t>(request.rowElements()) * dataTypeSize(request.dtype);
+  e.allocate = [gathered, &memory, row_bytes](int64_t rows) {
+    *gathered = memory.zeros(std::max<size_t>(static_cast<size_t>(rows) * row_bytes, 1));
+    return gathered->get();
+  };
   e.work = std::make_shared<Work>();
   e.keep_alive = scratch;
   return e;

@@ -81,6 +81,13 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.engine_spin = std::chrono::microseconds(envInt("HVD_TORCH_ENGINE_SPIN_US", spin));
   c.caller_spin = std::chrono::microseconds(envInt("HVD_TORCH_CALLER_SPIN_US", spin));
   c.callers_drive = envInt("HVD_TORCH_CALLERS_DRIVE", 1) != 0 && c.caller_spin.count() > 0;
+  const std::string join_average = envString("HVD_TORCH_JOIN_AVERAGE", "size");
+  if (join_average != "size" && join_average != "contributors") {
+    throw std::invalid_argument("HVD_TORCH_JOIN_AVERAGE=" + join_average +
+                                ": use 'size' (Horovod's Average while ranks have joined: "
+                                "over every rank) or 'contributors'");
+  }
+  c.join_average_contributors = join_average == "contributors";
   return c;
 }
 

@@ -66,6 +66,9 @@ struct EngineConfig {
   // A thread waiting for an op runs the engine's work itself while it spins
   // (Engine::drive); needs caller_spin > 0.
   bool callers_drive = true;  // HVD_TORCH_CALLERS_DRIVE
+  // Average while some ranks have joined: over the whole set (false, Horovod)
+  // or over the ranks that submitted (HVD_TORCH_JOIN_AVERAGE=contributors).
+  bool join_average_contributors = false;  // HVD_TORCH_JOIN_AVERAGE
 
   static EngineConfig fromEnvironment();
 };
