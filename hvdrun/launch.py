@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 
@@ -44,7 +45,9 @@ usage: {PROG} -np N [-H HOSTS | --hostfile F] [options] command [args...]
   -i, --ssh-identity-file F  ssh private key for the remote hosts
   --network-interface IF  the NIC for the store, the control plane and Gloo
                           (also HOROVOD_GLOO_IFACE; the same name on every host)
-  -x NAME[=VALUE]         also forward NAME (or set it) for remote ranks; repeatable
+  -x NAME[=VALUE]         set NAME for every rank, or forward this machine's NAME even
+                          where the deny list keeps it (remote ranks get this shell's
+                          environment less HOSTNAME, HOME, SSH_*, ...); repeatable
   --gloo                  accepted for horovodrun compatibility (always gloo)
   --verbose               print the store address and each rank's command
   --output-filename DIR   also write each rank's output to DIR/rank.N/stdout and stderr
@@ -219,6 +222,9 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
         key, eq, value = item.partition("=")
         if not key:
             raise UsageError(f"-x needs NAME or NAME=VALUE, got {item!r}")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise UsageError(f"-x {item!r}: {key!r} is not a variable name a shell can export "
+                             "(letters, digits and _, not starting with a digit)")
         opts.extra_env[key] = value if eq else None
     opts.extra_env.update(engine_env(engine_values, flags & set(ENGINE_FLAGS)))
     _log_options(values, flags, opts.extra_env)
