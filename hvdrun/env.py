@@ -13,7 +13,9 @@ from collections.abc import Mapping
 
 from .store import secret_to_hex
 
-__all__ = ["DENIED_NAMES", "DENIED_PREFIXES", "exportable", "forwarded_env", "horovod_env", "rank_env"]
+__all__ = [
+    "DENIED_NAMES", "DENIED_PREFIXES", "exportable", "forwarded_env", "horovod_env", "rank_env",
+]  # fmt: skip
 
 # What a rank on another host gets, as horovodrun does: the launching shell's whole
 # environment, less what describes this machine, this login or this shell (the remote
