@@ -11,9 +11,12 @@ Every snippet, run or skipped, is checked statically: Python compiles; shell pas
 `bash -n`; each repository path it names (examples/..., scripts/..., ...) exists; each
 `make` target is in the Makefile; each `hvdrun`/`horovodrun` flag is in `hvdrun --help`;
 each `HOROVOD_*` variable is classified in hvd_torch/horovod_env.py and each
-`HVD_TORCH_*` variable is read somewhere in the code (those two also in the prose).
-A snippet that runs: Python through `hvdrun -np 2` (every rank must exit 0), shell
-through `bash -e`, each with a timeout, in a scratch directory.
+`HVD_TORCH_*` variable is read somewhere in the code (those two also in the prose);
+each `hvd.<name>` a Python snippet uses, and each inline `hvd.<name>` or
+`hvd_torch.<name>` of the prose, is in the package.
+A snippet that runs: Python that calls `hvd.init()` through `hvdrun -np 2` (every
+rank must exit 0), other Python as one process, shell through `bash -e`, each with a
+timeout, in a scratch directory.
 """
 
 from __future__ import annotations
@@ -211,9 +214,60 @@ def _check_variables(text: str, where: str, code_text: str) -> None:
                 f"{where}: no code reads {name}")
 
 
+def _resolve(dotted: str) -> bool:
+    """Whether hvd_torch.<dotted> exists (an attribute, or a submodule)."""
+    import importlib
+
+    import hvd_torch
+
+    obj, module = hvd_torch, "hvd_torch"
+    for part in dotted.split("."):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            module = getattr(obj, "__name__", module) if isinstance(obj, type(hvd_torch)) else None
+            continue
+        if module is None:
+            return False
+        try:
+            obj = importlib.import_module(f"{module}.{part}")
+        except ImportError:
+            return False
+        module = obj.__name__
+    return True
+
+
+def _hvd_names(code: str) -> set[str]:
+    """The dotted names a Python snippet reaches through `hvd.`: hvd.elastic.run, ..."""
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Attribute):
+            chain = []
+            while isinstance(node, ast.Attribute):
+                chain.append(node.attr)
+                node = node.value
+            if isinstance(node, ast.Name) and node.id == "hvd":
+                names.add(".".join(reversed(chain)))
+    # Keep only the longest chains (hvd.elastic.run covers hvd.elastic).
+    return {n for n in names if not any(m.startswith(n + ".") for m in names)}
+
+
+@pytest.mark.parametrize("snippet", [s for s in SNIPPETS if s.lang == "python"],
+                         ids=[s.where for s in SNIPPETS if s.lang == "python"])
+def test_python_snippet_uses_only_hvd_names_that_exist(snippet):
+    for name in sorted(_hvd_names(snippet.code)):
+        assert _resolve(name), f"{snippet.where}: hvd.{name} does not exist"
+
+
 @pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
-def test_variables_named_in_the_prose_exist(path, code_text):
-    _check_variables(path.read_text(), str(path.relative_to(ROOT)), code_text)
+def test_variables_and_api_named_in_the_prose_exist(path, code_text):
+    text = path.read_text()
+    where = str(path.relative_to(ROOT))
+    _check_variables(text, where, code_text)
+    prose = _FENCE.sub("", text)
+    for span in re.findall(r"`([^`\n]+)`", prose):
+        m = re.fullmatch(r"(?:hvd|hvd_torch)\.([A-Za-z_][\w.]*?)(?:\(.*\))?", span)
+        if m:
+            assert _resolve(m.group(1)), f"{where}: `{span}`: no such name in hvd_torch"
 
 
 # ---------------------------------------------------------------- running them
@@ -228,7 +282,9 @@ def test_snippet_runs(snippet, tmp_path):
     if snippet.lang == "python":
         script = tmp_path / "snippet.py"
         script.write_text(snippet.code)
-        argv = [sys.executable, "-m", "hvdrun", "-np", "2", sys.executable, str(script)]
+        argv = [sys.executable, str(script)]
+        if "init" in _hvd_names(snippet.code):  # a distributed program: 2 ranks
+            argv = [sys.executable, "-m", "hvdrun", "-np", "2", *argv]
     else:
         argv = ["bash", "-e", "-c", snippet.code]
     proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
