@@ -25,10 +25,13 @@ std::string jsonEscape(const std::string& s) {
 }
 
 std::string timelineRow(int32_t process_set, OpType type, const std::string& name) {
-  const char* op = opTypeName(type);
-  const size_t n = std::strlen(op);
-  const bool prefixed = name.compare(0, n, op) == 0 && (name.size() == n || name[n] == '.');
-  std::string row = prefixed ? name : std::string(op) + "." + name;
+  const std::string op = opTypeName(type);
+  auto startsWithWord = [&name](const std::string& word) {
+    return name.compare(0, word.size(), word) == 0 &&
+           (name.size() == word.size() || name[word.size()] == '.');
+  };
+  const bool prefixed = startsWithWord(op) || startsWithWord("grouped_" + op);
+  std::string row = prefixed ? name : op + "." + name;
   if (process_set != 0) row += " (process set " + std::to_string(process_set) + ")";
   return row;
 }

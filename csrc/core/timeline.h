@@ -137,10 +137,11 @@ std::string jsonEscape(const std::string& s);
 // user's name as given (csrc/torch/adapter.cc, opName), and the Python
 // helpers already pass Horovod's full names ("allreduce.<param>" from
 // DistributedOptimizer, "broadcast.<name>" from broadcast_parameters), as do
-// unnamed ops ("allreduce.noname.<n>"). So a name that already starts with
-// "<op>." (or is the op itself: "join") is not prefixed again; only a user's
-// own name spelled "allreduce.x" for an allreduce differs from Horovod (which
-// would show "allreduce.allreduce.x").
+// unnamed ops ("allreduce.noname.<n>", "grouped_allreduce.noname.<n>"). So a
+// name that already starts with "<op>." or "grouped_<op>." (or is the op
+// itself: "join") is not prefixed again; only a user's own name spelled
+// "allreduce.x" for an allreduce differs from Horovod (which would show
+// "allreduce.allreduce.x").
 std::string timelineRow(int32_t process_set, OpType type, const std::string& name);
 // Horovod's phase names: "ALLREDUCE", "NEGOTIATE_ALLREDUCE", "GLOO_ALLREDUCE".
 std::string timelinePhase(OpType type, const char* prefix = "");

@@ -69,6 +69,8 @@ TEST(rows_are_horovods_op_dot_name) {
   CHECK_EQ(timelineRow(0, OpType::kBroadcast, "broadcast.noname.3"),
            std::string("broadcast.noname.3"));
   CHECK_EQ(timelineRow(0, OpType::kJoin, "join"), std::string("join"));
+  CHECK_EQ(timelineRow(0, OpType::kAllreduce, "grouped_allreduce.noname.2"),
+           std::string("grouped_allreduce.noname.2"));
   // Another op's prefix, or a longer word, is part of the name.
   CHECK_EQ(timelineRow(0, OpType::kAllgather, "allreduce.x"),
            std::string("allgather.allreduce.x"));

@@ -208,6 +208,8 @@ def _horovods_timeline_check(path, delay):
         with open(path) as f:
             text = f.read()
         seen = dict(text=text, waited=time.monotonic() - after)
+    hvd.grouped_allreduce([torch.ones(2), torch.ones(3)])  # one op: a CPU group of one dtype
+    hvd.grouped_allgather([torch.ones(2), torch.ones(3)], name="ga")  # one row per member
     hvd.allreduce(torch.ones(1), name="last")  # recorded, then written by shutdown()
     hvd.shutdown()
     return out.tolist(), seen
@@ -234,6 +236,8 @@ def test_an_op_is_in_the_file_a_tenth_of_a_second_later(tmp_path, nranks):
     # shutdown() wrote the rest and closed the array.
     final = _rows(json.loads(path.read_text()))
     assert ("B", "ALLREDUCE") in _phases(final["allreduce.last"])
+    assert {"allgather.ga.0", "allgather.ga.1"} <= set(final), sorted(final)
+    assert [r for r in final if r.startswith("grouped_allreduce.noname.")], sorted(final)
 
 
 def test_a_script_that_never_calls_shutdown_still_leaves_a_complete_file(tmp_path):
