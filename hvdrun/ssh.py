@@ -62,7 +62,9 @@ def env_payload(env: dict[str, str], end: str) -> bytes:
     (values may span lines: the wrapper evals the whole text once), then the line
     `end`, which the caller picked so that no line of the text equals it."""
     lines = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
-    return (lines + end + "\n").encode()
+    # os.fsencode: a value that is not UTF-8 (os.environ keeps its bytes as surrogate
+    # escapes) travels as the same bytes, as it would on a command line.
+    return os.fsencode(lines + end + "\n")
 
 
 def remote_script(command: list[str], cwd: str, end: str) -> str:

@@ -127,9 +127,10 @@ def _wrapper(tmp_path, command, env):
 
 def test_remote_wrapper_gets_every_value_on_stdin_and_none_on_its_command_line(tmp_path):
     tricky = {"A": "it's here", "B": "two\nlines\n__hvd_env_end_x\n", "C": "$(touch boom) `x` \\",
-              "D": "", "E": "x" * 100_000, "HOROVOD_SECRET_KEY": "5ec7e7" * 8}  # fmt: skip
+              "D": "", "E": "x" * 100_000, "F": "caf\udce9 (not UTF-8)",
+              "HOROVOD_SECRET_KEY": "5ec7e7" * 8}  # fmt: skip
     out = tmp_path / "env.json"
-    rank = ("import json, os; json.dump({k: os.environ.get(k) for k in 'ABCDE'} | "
+    rank = ("import json, os; json.dump({k: os.environ.get(k) for k in 'ABCDEF'} | "
             "{'S': os.environ['HOROVOD_SECRET_KEY'], 'cwd': os.getcwd()}, "
             f"open({str(out)!r}, 'w'))")  # fmt: skip
     argv, proc = _wrapper(tmp_path, [sys.executable, "-c", rank], tricky)
@@ -139,7 +140,7 @@ def test_remote_wrapper_gets_every_value_on_stdin_and_none_on_its_command_line(t
         proc.kill()
         proc.communicate()
     got = json.loads(out.read_text())
-    assert got == {k: tricky[k] for k in "ABCDE"} | {"S": tricky["HOROVOD_SECRET_KEY"],
+    assert got == {k: tricky[k] for k in "ABCDEF"} | {"S": tricky["HOROVOD_SECRET_KEY"],
                                                    "cwd": str(tmp_path)}  # fmt: skip
     assert not (tmp_path / "boom").exists()  # values are data, never run
     for value in ("it's here", "two", "5ec7e7", "x" * 100):
