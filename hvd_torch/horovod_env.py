@@ -4,9 +4,10 @@ ignored (issue #12).
 
 The lists cover every knob in Horovod 0.28.1's horovod/common/common.h, the
 variables its launcher sets for the ranks, and the build-time switches of its
-install docs. check() runs in hvd.init() before the engine starts; a refusal
-is a ValueError naming every offending variable, its value, what it does in
-Horovod and what to do instead.
+install docs (HOROVOD_WITH_GLOO, HOROVOD_WITHOUT_MXNET, HOROVOD_NCCL_HOME, ...).
+check() runs in hvd.init() before the engine starts; a refusal is a ValueError
+naming every offending variable, its value, what it does in Horovod and what to
+do instead.
 
 A variable is refused only when its value asks for something hvd-torch does
 not do: HOROVOD_CONTROLLER=gloo describes what hvd-torch does anyway and is
@@ -82,6 +83,33 @@ ACCEPTED_VALUES = {
     "HOROVOD_GPU_REDUCESCATTER": ({"nccl", ""}, "CUDA reducescatters use NCCL when it is built"),
     "HOROVOD_NUM_NCCL_STREAMS": ({"1", ""}, "one NCCL stream per GPU"),
     "HOROVOD_BATCH_D2D_MEMCOPIES": ({"0", ""}, "fusion-buffer copies are one cudaMemcpyAsync each"),
+    # The build switches of Horovod's install docs, often left set in an image's
+    # environment: a value that describes hvd-torch's build is accepted (Gloo and
+    # PyTorch are always in it; MPI, TensorFlow and MXNet never), one that asks for
+    # another build is refused. hvd-torch's own build (setup.py) reads none of them.
+    "HOROVOD_WITH_GLOO": (None, "hvd-torch is always built with Gloo"),
+    "HOROVOD_WITHOUT_GLOO": ({"0", ""}, "hvd-torch is always built with Gloo"),
+    "HOROVOD_WITH_PYTORCH": (None, "hvd-torch is always built for PyTorch"),
+    "HOROVOD_WITHOUT_PYTORCH": ({"0", ""}, "hvd-torch is always built for PyTorch"),
+    "HOROVOD_WITH_MPI": ({"0", ""}, "hvd-torch has no MPI"),
+    "HOROVOD_WITHOUT_MPI": (None, "hvd-torch has no MPI"),
+    "HOROVOD_WITH_TENSORFLOW": ({"0", ""}, "hvd-torch has no TensorFlow support"),
+    "HOROVOD_WITHOUT_TENSORFLOW": (None, "hvd-torch has no TensorFlow support"),
+    "HOROVOD_WITH_MXNET": ({"0", ""}, "hvd-torch has no MXNet support"),
+    "HOROVOD_WITHOUT_MXNET": (None, "hvd-torch has no MXNet support"),
+    "HOROVOD_GPU": ({"cuda", ""}, "the GPU build is CUDA (with a CUDA torch and nvcc); no ROCm"),
+    # Where Horovod's build looks for its tools: hvd-torch's build takes CUDA from
+    # CUDA_HOME/nvcc and NCCL from torch's nvidia-nccl wheel (docs/gpu.md).
+    "HOROVOD_CUDA_HOME": (None, "build-time only; hvd-torch's build uses CUDA_HOME/nvcc"),
+    "HOROVOD_CUDA_INCLUDE": (None, "build-time only; hvd-torch's build uses CUDA_HOME/nvcc"),
+    "HOROVOD_CUDA_LIB": (None, "build-time only; hvd-torch's build uses CUDA_HOME/nvcc"),
+    "HOROVOD_NCCL_HOME": (None, "build-time only; hvd-torch links torch's own NCCL"),
+    "HOROVOD_NCCL_INCLUDE": (None, "build-time only; hvd-torch links torch's own NCCL"),
+    "HOROVOD_NCCL_LIB": (None, "build-time only; hvd-torch links torch's own NCCL"),
+    "HOROVOD_NCCL_LINK": (None, "build-time only; hvd-torch links torch's own NCCL"),
+    "HOROVOD_BUILD_ARCH_FLAGS": (None, "build-time only; hvd-torch's build uses torch's flags"),
+    "HOROVOD_BUILD_CUDA_CC_LIST": (None, "build-time only; hvd-torch uses TORCH_CUDA_ARCH_LIST"),
+    "HOROVOD_CMAKE": (None, "build-time only; hvd-torch's build does not use CMake"),
 }
 
 # Asks for something hvd-torch does not have: refused whenever set (and not

@@ -289,9 +289,11 @@ def join(device=-1):
     """This rank has no more data; returns the last rank to join once all have.
 
     Until every rank has joined, this rank takes part in the others'
-    allreduces and reducescatters with zeros, and Average divides by the ranks
-    that have not joined (as in Horovod), so uneven numbers of batches per rank
-    finish instead of hanging. Other ops fail while ranks are joined.
+    allreduces and reducescatters with zeros, so uneven numbers of batches per
+    rank finish instead of hanging. Average divides by the ranks that have not
+    joined; Horovod divides by every rank (docs/compat.md, "Behaviour that
+    differs on purpose"). Other ops fail while ranks are joined (Horovod also
+    completes allgather and broadcast).
     """
     return int(_ops.join(device))
 

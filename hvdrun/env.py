@@ -7,20 +7,44 @@ starting ranks hands the engine the same variables, under horovodrun's names.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 
 from .store import secret_to_hex
 
-__all__ = ["forwarded_env", "horovod_env", "rank_env"]
+__all__ = [
+    "DENIED_NAMES", "DENIED_PREFIXES", "exportable", "forwarded_env", "horovod_env", "rank_env",
+]  # fmt: skip
 
-# What travels to a rank on another host besides the variables hvdrun sets: the
-# engine's knobs, and what makes `python train.py` mean there what it means here
-# (the same interpreter on PATH, the same PYTHONPATH).  -x NAME adds more.
-FORWARDED_PREFIXES = ("HOROVOD_", "HVD_TORCH_", "NCCL_", "GLOO_")
-FORWARDED_NAMES = (
-    "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+# What a rank on another host gets, as horovodrun does: the launching shell's whole
+# environment, less what describes this machine, this login or this shell (the remote
+# host has its own, and ours would be wrong there), plus -x NAME[=VALUE], which also
+# forwards a denied name.  docs/multihost.md, "Working directory and environment".
+DENIED_NAMES = frozenset({
+    # this machine and this shell
+    "HOSTNAME", "HOST", "PWD", "OLDPWD", "SHLVL", "_",
+    # the login: sshd sets the remote user's own
+    "HOME", "USER", "LOGNAME", "MAIL", "SHELL",
+    # this machine's desktop and terminal sessions
+    "DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR",
+    "TMUX", "TMUX_PANE", "STY", "WINDOW",
+    # the job's secret travels on its own (ssh.py); the store's address is per host
+    "HOROVOD_SECRET_KEY",
+})  # fmt: skip
+DENIED_PREFIXES = (
+    "SSH_",         # this machine's ssh session and agent (SSH_CLIENT, SSH_AUTH_SOCK, ...)
+    "BASH_FUNC_",   # exported bash functions: not variables, and a shell-injection vector
+    "XDG_SESSION_",  # this machine's login session
 )  # fmt: skip
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def exportable(name: str) -> bool:
+    """Whether a launcher variable goes to remote ranks without -x: not denied, and a
+    name a POSIX shell can export (the remote wrapper is sh)."""
+    return (_SHELL_NAME.match(name) is not None and name not in DENIED_NAMES
+            and not name.startswith(DENIED_PREFIXES))
 
 
 def horovod_env(
@@ -91,13 +115,10 @@ def rank_env(
 
 
 def forwarded_env(environ: Mapping[str, str], extra: Mapping[str, str | None] = ()) -> dict[str, str]:
-    """The part of environ a remote rank gets (FORWARDED_*), plus extra: -x NAME
-    (value None: this machine's value, if set) or -x NAME=VALUE."""
-    env = {
-        k: v
-        for k, v in environ.items()
-        if k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)
-    }
+    """What a remote rank gets from environ: every exportable() variable, plus extra:
+    -x NAME (value None: this machine's value, if set, even of a denied name) or
+    -x NAME=VALUE.  It travels on the ssh channel's stdin (ssh.remote_command)."""
+    env = {k: v for k, v in environ.items() if exportable(k)}
     for name, value in dict(extra).items():
         if value is not None:
             env[name] = value

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 
@@ -39,12 +40,15 @@ usage: {PROG} -np N [-H HOSTS | --hostfile F] [options] command [args...]
   -np, --num-proc N       number of ranks
   -H, --hosts HOSTS       host:slots list, e.g. server1:2,server2:2 (default localhost:N);
                           ranks fill hosts in order; other hosts are reached over ssh
-  --hostfile F            hosts from a file, one `host slots=N` line each
+  --hostfile F            hosts from a file, one `host slots=N` line each (also -hostfile)
   -p, --ssh-port PORT     ssh port of the remote hosts
   -i, --ssh-identity-file F  ssh private key for the remote hosts
   --network-interface IF  the NIC for the store, the control plane and Gloo
-                          (also HOROVOD_GLOO_IFACE; the same name on every host)
-  -x NAME[=VALUE]         also forward NAME (or set it) for remote ranks; repeatable
+                          (also HOROVOD_GLOO_IFACE; the same name on every host);
+                          --network-interfaces is the same, with one name
+  -x, --env NAME[=VALUE]  set NAME for every rank, or forward this machine's NAME even
+                          where the deny list keeps it (remote ranks get this shell's
+                          environment less HOSTNAME, HOME, SSH_*, ...); repeatable
   --gloo                  accepted for horovodrun compatibility (always gloo)
   --verbose               print the store address and each rank's command
   --output-filename DIR   also write each rank's output to DIR/rank.N/stdout and stderr
@@ -67,6 +71,12 @@ timeline and autotune (docs/toolbox.md):
   --autotune-bayes-opt-max-samples N (most trials),
   --autotune-gaussian-process-noise X (accepted, unused): HOROVOD_AUTOTUNE_* as named
 
+hierarchical collectives across hosts (docs/compat.md, "Environment variables"):
+  --hierarchical-allreduce, --no-hierarchical-allreduce,
+  --hierarchical-allgather, --no-hierarchical-allgather
+                          HOROVOD_HIERARCHICAL_ALLREDUCE / _ALLGATHER = 1 / 0 for the
+                          ranks (default on where a host has 2+ of a set's ranks)
+
 per-node mode (a scheduler starts one hvdrun per node; docs/multihost.md):
   --nnodes N              number of nodes (default: SLURM_JOB_NUM_NODES under srun)
   --node-rank R           this node's index, 0..N-1 (default: SLURM_NODEID)
@@ -76,13 +86,14 @@ per-node mode (a scheduler starts one hvdrun per node; docs/multihost.md):
   --rdzv-secret-file F    file holding the job's secret (hex); else HVD_TORCH_SECRET
 
 elastic mode (any of --min-np, --max-np, --host-discovery-script; docs/elastic.md):
-  --min-np N              fewest workers to train with (default: -np)
-  --max-np N              most workers to train with (default: every slot)
+  --min-np N              fewest workers to train with (default: -np; also --min-num-proc)
+  --max-np N              most workers to train with (default: every slot; also
+                          --max-num-proc)
   --host-discovery-script S  command printing one host[:slots] line per available
                           host, run every second (default: the -H list, or
                           localhost with -np slots); hosts other than this machine
                           get their workers over ssh
-  --slots-per-host N      slots of a discovered host printed without :slots
+  --slots-per-host N      slots of a discovered host printed without :slots (also --slots)
   --reset-limit N         end the job when a (N+1)-th reset would be needed
   --elastic-timeout S     longest wait for --min-np slots or for workers to join
                           a round (default 600)
@@ -219,6 +230,9 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
         key, eq, value = item.partition("=")
         if not key:
             raise UsageError(f"-x needs NAME or NAME=VALUE, got {item!r}")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise UsageError(f"-x {item!r}: {key!r} is not a variable name a shell can export "
+                             "(letters, digits and _, not starting with a digit)")
         opts.extra_env[key] = value if eq else None
     opts.extra_env.update(engine_env(engine_values, flags & set(ENGINE_FLAGS)))
     _log_options(values, flags, opts.extra_env)

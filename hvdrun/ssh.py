@@ -1,17 +1,19 @@
 """Starting a rank on another host over ssh, and checking hosts are reachable first.
 
-A remote rank is `ssh host sh -c <wrapper>` (see remote_script()).  The wrapper
-cds to the launcher's working directory (hosts are expected to share the file
-system, or at least its layout, as with horovodrun), exports the rank's variables,
-and runs the command in its own process group.  The job's secret is the first line
-the wrapper reads from stdin, so it never appears on a command line.  It also watches its stdin, the ssh
-channel: when hvdrun closes that pipe, or hvdrun or the connection dies, the read
-sees EOF and the wrapper kills the whole group (TERM, then KILL), so no rank is left
-behind on a remote host.  Without a terminal (-T) ssh sends no SIGHUP, which is why
-the wrapper has to watch for itself.
+A remote rank is `ssh host sh -c <wrapper>` (see remote_script()).  The wrapper reads
+the rank's environment from stdin (the ssh channel), cds to the launcher's working
+directory (hosts are expected to share the file system, or at least its layout, as
+with horovodrun), and runs the command in its own process group.  No variable's
+value is on any command line: a command line is visible to every user of both
+machines (ps), a pipe is not; horovodrun puts them all on ssh's command line, the
+job's secret included.  The wrapper also watches its stdin: when hvdrun closes that
+pipe, or hvdrun or the connection dies, the read sees EOF and the wrapper kills the
+whole group (TERM, then KILL), so no rank is left behind on a remote host.  Without
+a terminal (-T) ssh sends no SIGHUP, which is why the wrapper has to watch for itself.
 
 Exit codes: the rank's own code comes back through ssh; 255 is ssh's own failure
-(connection refused or lost), which launchers report as such.
+(connection refused or lost), which launchers report as such; 125 is a wrapper that
+did not receive its environment (the connection closed first).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import secrets
 import shlex
 import subprocess
 import time
@@ -26,7 +29,6 @@ import time
 __all__ = ["SSH_FAILED", "SshSettings", "check_reachable", "remote_command"]
 
 SSH_FAILED = 255  # ssh's exit code for its own errors
-SECRET_VAR = "HOROVOD_SECRET_KEY"
 _STOP_GRACE = 3  # seconds the wrapper waits between TERM and KILL
 
 
@@ -55,15 +57,33 @@ class SshSettings:
         return cmd + [host]
 
 
-def remote_script(command: list[str], env: dict[str, str], cwd: str) -> str:
-    """The shell program a remote rank runs (see the module docstring).  Its first
-    stdin line is the job's secret (SECRET_VAR), kept off every command line."""
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+def env_payload(env: dict[str, str], end: str) -> bytes:
+    """What remote_script() reads from stdin: one `export NAME='value'` per variable
+    (values may span lines: the wrapper evals the whole text once), then the line
+    `end`, which the caller picked so that no line of the text equals it."""
+    lines = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    # os.fsencode: a value that is not UTF-8 (os.environ keeps its bytes as surrogate
+    # escapes) travels as the same bytes, as it would on a command line.
+    return os.fsencode(lines + end + "\n")
+
+
+def remote_script(command: list[str], cwd: str, end: str) -> str:
+    """The shell program a remote rank runs (see the module docstring).  It reads
+    env_payload()'s lines up to `end`, evals them, and runs the command."""
+    # sh's `read` takes one byte at a time from a pipe, so it never swallows what
+    # follows the payload; the watcher below owns the rest of the channel.
+    # The wrapper's own variables start with _hvd_ so that no user's is unset.
     return (
-        f"IFS= read -r {SECRET_VAR} || exit 125\n"
-        f"export {SECRET_VAR}\n"
+        f"_hvd_end={shlex.quote(end)}\n"
+        "_hvd_env=\n"
+        "while IFS= read -r _hvd_line; do\n"
+        '  [ "$_hvd_line" = "$_hvd_end" ] && break\n'
+        '  _hvd_env="$_hvd_env$_hvd_line\n"\n'
+        "done\n"
+        '[ "$_hvd_line" = "$_hvd_end" ] || exit 125\n'
+        'eval "$_hvd_env" || exit 125\n'
+        "unset _hvd_env _hvd_line _hvd_end\n"
         f"cd {shlex.quote(cwd)} || exit 127\n"
-        f"{exports}"
         "exec 3<&0\n"  # an asynchronous list's own stdin is /dev/null; keep the channel
         f"setsid {shlex.join(command)} </dev/null 3<&- &\n"
         "pid=$!\n"
@@ -85,12 +105,13 @@ def remote_command(
     host: str, command: list[str], env: dict[str, str], cwd: str, settings: SshSettings
 ) -> tuple[list[str], bytes]:
     """(argv of the local ssh client that runs command on host, what to write to its
-    stdin first).  env's SECRET_VAR travels on stdin: a command line is visible to
-    every user of both machines (ps), a pipe is not."""
-    env = dict(env)
-    secret = env.pop(SECRET_VAR, "")
-    script = remote_script(command, env, cwd)
-    return settings.base_command(host) + ["sh -c " + shlex.quote(script)], f"{secret}\n".encode()
+    stdin first: env (the job's secret, HOROVOD_SECRET_KEY, among it) as env_payload())."""
+    while True:  # an end line that no variable's value holds as a line of its own
+        end = f"__hvd_env_end_{secrets.token_hex(8)}"
+        if not any(end in v for v in env.values()):
+            break
+    script = remote_script(command, cwd, end)
+    return settings.base_command(host) + ["sh -c " + shlex.quote(script)], env_payload(env, end)
 
 
 def check_reachable(hosts: list[str], settings: SshSettings, timeout: float) -> dict[str, str]:

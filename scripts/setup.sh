@@ -10,7 +10,10 @@
 #   bash scripts/setup.sh        (or: make setup)
 #
 # Environment: PYTHON (default python3) creates the venv; MAX_JOBS (default 2)
-# bounds the compiler's parallelism.
+# bounds the compiler's parallelism; HVD_TORCH_TORCH_INDEX (default PyTorch's CPU
+# wheel index) is where torch comes from when the venv has none; set it empty to
+# install plain torch==VERSION from pip's own indexes (on Linux x86_64 PyPI that
+# is the CUDA build, several GB of nvidia-* wheels: docs/gpu.md).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -18,6 +21,7 @@ ROOT=$(pwd)
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 TORCH_VERSION=2.13.0
+TORCH_INDEX=${HVD_TORCH_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 # pytest and pytest-xdist are pinned together: pytest 9.2 moved a node's id where
 # xdist 3.8's --dist loadgroup writes its group, so groups (one make, one Ray per
 # shape, one set of namespace hosts) silently stopped holding (tests/conftest.py
@@ -90,8 +94,15 @@ print(" ".join(m for m in sys.argv[1:] if u.find_spec(m) is None))' "$@"
 
 if [ -z "$(missing torch)" ]; then
     say "torch: $("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')"
+elif [ -n "$TORCH_INDEX" ]; then
+    # PyTorch's CPU index names its x86_64 wheels VERSION+cpu (PyPI's plain VERSION
+    # there is the CUDA build); other architectures' wheels are CPU-only as they are.
+    spec="torch==$TORCH_VERSION"
+    if [ "$(uname -m)" = x86_64 ]; then spec="$spec+cpu"; fi
+    say "torch: installing $spec (CPU build, from $TORCH_INDEX and pip's indexes)"
+    pip_install --extra-index-url "$TORCH_INDEX" "$spec"
 else
-    say "torch: installing torch==$TORCH_VERSION (CPU)"
+    say "torch: installing torch==$TORCH_VERSION from pip's indexes (HVD_TORCH_TORCH_INDEX is empty)"
     pip_install "torch==$TORCH_VERSION"
 fi
 

@@ -102,6 +102,7 @@ std::string Coordinator::add(Arrival arrival) {
   if (p.count == 0) {
     p.name = name;
     p.process_set = request.process_set;
+    p.type = request.type;
     p.members.swap(members_scratch_);
     p.by_rank.resize(size_);
     p.arrived.assign(size_, false);
@@ -552,7 +553,7 @@ std::string Coordinator::reduceInline(const Request& q, Pending& p) const {
 }
 
 void Coordinator::traceArrival(const Pending& p, const Request& request, int rank) {
-  const std::string row = timelineRow(p.process_set, p.name);
+  const std::string row = timelineRow(p.process_set, p.type, p.name);
   if (p.count == 0) timeline_->begin(row, timelinePhase(request.type, "NEGOTIATE_"));
   timeline_->tick(row, std::to_string(rank));
 }
@@ -562,7 +563,7 @@ void Coordinator::traceNegotiated(const Pending& p) {
   // question a timeline is usually opened to answer.
   const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(
       std::chrono::steady_clock::now() - p.first_arrival);
-  timeline_->end(timelineRow(p.process_set, p.name),
+  timeline_->end(timelineRow(p.process_set, p.type, p.name),
                  "\"last_rank\": " + std::to_string(p.last_rank) +
                      ", \"ranks\": " + std::to_string(p.count) +
                      ", \"waited_us\": " + std::to_string(waited.count()));

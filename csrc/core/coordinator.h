@@ -74,6 +74,7 @@ class Coordinator {
   struct Pending {
     std::string name;          // as submitted (the table's key adds the set)
     int32_t process_set = 0;
+    OpType type = OpType::kAllreduce;  // its first arrival's (the timeline's row)
     std::vector<int> members;  // the set's global ranks
     std::vector<Arrival> by_rank;
     std::vector<bool> arrived;

@@ -342,7 +342,8 @@ void Engine::dispatch(std::vector<Response> responses) {
   }
   traceDispatched(responses);
   for (const auto& r : responses) {
-    for (const auto& name : r.names) timeline_.end(timelineRow(r.process_set, name));  // QUEUE
+    for (const auto& name : r.names)
+      timeline_.end(timelineRow(r.process_set, r.type, name));  // QUEUE
     run(r);
     traceRan(r);
   }
@@ -389,7 +390,7 @@ void Engine::traceDispatched(const std::vector<Response>& responses) {
   for (const auto& r : responses) {
     const std::string phase = timelinePhase(r.type);
     for (const auto& name : r.names) {
-      const std::string row = timelineRow(r.process_set, name);
+      const std::string row = timelineRow(r.process_set, r.type, name);
       timeline_.begin(row, phase);
       // Until this response runs: behind the batch's earlier responses.
       timeline_.begin(row, "QUEUE");
@@ -401,7 +402,7 @@ void Engine::traceRan(const Response& r) {
   static const char* const kinds[] = {"collective", "inline", "error", "done"};
   const std::string args = std::string("\"path\": \"") + kinds[r.kind] +
                            "\", \"fused\": " + std::to_string(r.names.size());
-  for (const auto& name : r.names) timeline_.end(timelineRow(r.process_set, name), args);
+  for (const auto& name : r.names) timeline_.end(timelineRow(r.process_set, r.type, name), args);
 }
 
 namespace {

@@ -13,7 +13,8 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
   timeline_ = timeline && timeline->active() ? timeline : nullptr;
   if (timeline_) {
     rows_.clear();
-    for (const auto& name : response.names) rows_.push_back(timelineRow(response.process_set, name));
+    for (const auto& name : response.names)
+      rows_.push_back(timelineRow(response.process_set, response.type, name));
     collective_.clear();
     for (const char* c = backend_ ? backend_->name() : "local"; *c; ++c)
       collective_ += static_cast<char>(std::toupper(*c));

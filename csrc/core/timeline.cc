@@ -24,9 +24,16 @@ std::string jsonEscape(const std::string& s) {
   return out;
 }
 
-std::string timelineRow(int32_t process_set, const std::string& name) {
-  if (process_set == 0) return name;
-  return name + " (process set " + std::to_string(process_set) + ")";
+std::string timelineRow(int32_t process_set, OpType type, const std::string& name) {
+  const std::string op = opTypeName(type);
+  auto startsWithWord = [&name](const std::string& word) {
+    return name.compare(0, word.size(), word) == 0 &&
+           (name.size() == word.size() || name[word.size()] == '.');
+  };
+  const bool prefixed = startsWithWord(op) || startsWithWord("grouped_" + op);
+  std::string row = prefixed ? name : op + "." + name;
+  if (process_set != 0) row += " (process set " + std::to_string(process_set) + ")";
+  return row;
 }
 
 std::string timelinePhase(OpType type, const char* prefix) {
@@ -84,7 +91,7 @@ void Timeline::stop() {
 }
 
 void Timeline::record(Record r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) return;
   if (pending_.size() >= kMaxPending) {
     ++dropped_;
@@ -93,7 +100,11 @@ void Timeline::record(Record r) {
   r.ts_us = std::chrono::duration_cast<std::chrono::microseconds>(
                 std::chrono::steady_clock::now() - origin_)
                 .count();
+  const bool first = pending_.empty();
   pending_.push_back(std::move(r));
+  lock.unlock();
+  // The first record of a batch wakes the writer; it gathers the rest.
+  if (first) wake_.notify_one();
 }
 
 void Timeline::begin(const std::string& row, std::string phase, std::string args) {
@@ -122,9 +133,10 @@ void Timeline::writerLoop() {
     bool last;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // Flushing a few times a second keeps the file current for a reader
-      // while the job runs, at a cost of a few writes a second.
-      wake_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
+      // Asleep until there is something to write, then kFlushDelay for the
+      // rest of the burst (a stop cuts it short): the header's latency bound.
+      wake_.wait(lock, [this] { return stopping_ || !pending_.empty(); });
+      wake_.wait_for(lock, kFlushDelay, [this] { return stopping_; });
       batch.swap(pending_);
       last = stopping_;
       if (last && dropped_ > 0) {

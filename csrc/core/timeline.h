@@ -8,9 +8,16 @@
 //
 // Cost: when stopped, every recording call is one relaxed atomic load. When
 // running, a call takes a mutex and appends a small record (a name and a
-// timestamp) to a vector; a writer thread of its own swaps that vector out a
-// few times a second, formats the JSON and writes it. The background thread
-// never formats or touches the file. The pending vector is bounded: past
+// timestamp) to a vector; a writer thread of its own swaps that vector out,
+// formats the JSON and writes it. The background thread never formats or
+// touches the file.
+//
+// Latency: the record that makes the pending vector non-empty wakes the
+// writer (one notify per batch, not per record), which waits kFlushDelay for
+// the rest of the burst and then writes: an event is in the file within
+// kFlushDelay plus one write (a Horovod user's script or test opens the file
+// 0.1 s after an op), and a busy engine costs at most 1 s / kFlushDelay
+// writes a second. An idle timeline wakes nobody. The pending vector is bounded: past
 // kMaxPending records new ones are dropped and counted (a "dropped" count is
 // written at stop), so a stalled disk can never grow memory without bound.
 //
@@ -65,6 +72,7 @@ class Timeline {
   void marker(std::string label);
 
   static constexpr size_t kMaxPending = 1 << 20;
+  static constexpr std::chrono::milliseconds kFlushDelay{20};
 
  private:
   struct Record {
@@ -123,9 +131,18 @@ class TimelineSpan {
 // Escapes a string for a JSON string literal (names may hold quotes).
 std::string jsonEscape(const std::string& s);
 
-// The row of an op: its name, plus its process set when not the global one
-// (two sets may use one name at once).
-std::string timelineRow(int32_t process_set, const std::string& name);
+// The row of an op, Horovod's: "<op>.<name>" ("allreduce.grad"), plus its
+// process set when not the global one (two sets may use one name at once).
+// Horovod's C++ layer prefixes every name with its op; ours negotiates the
+// user's name as given (csrc/torch/adapter.cc, opName), and the Python
+// helpers already pass Horovod's full names ("allreduce.<param>" from
+// DistributedOptimizer, "broadcast.<name>" from broadcast_parameters), as do
+// unnamed ops ("allreduce.noname.<n>", "grouped_allreduce.noname.<n>"). So a
+// name that already starts with "<op>." or "grouped_<op>." (or is the op
+// itself: "join") is not prefixed again; only a user's own name spelled
+// "allreduce.x" for an allreduce differs from Horovod (which would show
+// "allreduce.allreduce.x").
+std::string timelineRow(int32_t process_set, OpType type, const std::string& name);
 // Horovod's phase names: "ALLREDUCE", "NEGOTIATE_ALLREDUCE", "GLOO_ALLREDUCE".
 std::string timelinePhase(OpType type, const char* prefix = "");
 

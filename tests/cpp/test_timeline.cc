@@ -38,9 +38,9 @@ TEST(rows_phases_and_a_closed_array) {
   t.tick("grad \"w\"", "1");
   t.end("grad \"w\"", "\"last_rank\": 1");
   t.marker("CYCLE_START");
-  t.begin(timelineRow(2, "b"), timelinePhase(OpType::kBroadcast));
-  t.end(timelineRow(2, "b"));
-  // The writer flushes a few times a second: mid-run the file is complete.
+  t.begin(timelineRow(2, OpType::kBroadcast, "b"), timelinePhase(OpType::kBroadcast));
+  t.end(timelineRow(2, OpType::kBroadcast, "b"));
+  // Mid-run, after a flush, the file is complete JSON.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   std::string mid = slurp(path);
   CHECK_EQ(mid.substr(0, 2), std::string("[\n"));
@@ -51,7 +51,7 @@ TEST(rows_phases_and_a_closed_array) {
   CHECK_EQ(text.substr(text.size() - 2), std::string("]\n"));
   CHECK_EQ(count(text, "\"process_name\""), size_t{3});  // pid 0 and two rows
   CHECK(text.find("\"name\": \"grad \\\"w\\\"\"") != std::string::npos);
-  CHECK(text.find("\"name\": \"b (process set 2)\"") != std::string::npos);
+  CHECK(text.find("\"name\": \"broadcast.b (process set 2)\"") != std::string::npos);
   CHECK(text.find("\"name\": \"NEGOTIATE_ALLREDUCE\"") != std::string::npos);
   CHECK(text.find("\"name\": \"BROADCAST\"") != std::string::npos);
   CHECK(text.find("\"ph\": \"X\", \"name\": \"1\", \"dur\": 0") != std::string::npos);
@@ -59,6 +59,45 @@ TEST(rows_phases_and_a_closed_array) {
   CHECK(text.find("\"name\": \"CYCLE_START\", \"ph\": \"i\", \"s\": \"g\"") != std::string::npos);
   CHECK(text.find("ignored") == std::string::npos);
   CHECK(text.find("late") == std::string::npos);
+}
+
+TEST(rows_are_horovods_op_dot_name) {
+  CHECK_EQ(timelineRow(0, OpType::kAllreduce, "grad"), std::string("allreduce.grad"));
+  // Names our Python helpers and unnamed ops already give in Horovod's form.
+  CHECK_EQ(timelineRow(0, OpType::kAllreduce, "allreduce.fc.weight"),
+           std::string("allreduce.fc.weight"));
+  CHECK_EQ(timelineRow(0, OpType::kBroadcast, "broadcast.noname.3"),
+           std::string("broadcast.noname.3"));
+  CHECK_EQ(timelineRow(0, OpType::kJoin, "join"), std::string("join"));
+  CHECK_EQ(timelineRow(0, OpType::kAllreduce, "grouped_allreduce.noname.2"),
+           std::string("grouped_allreduce.noname.2"));
+  // Another op's prefix, or a longer word, is part of the name.
+  CHECK_EQ(timelineRow(0, OpType::kAllgather, "allreduce.x"),
+           std::string("allgather.allreduce.x"));
+  CHECK_EQ(timelineRow(0, OpType::kAllreduce, "allreducex"), std::string("allreduce.allreducex"));
+  CHECK_EQ(timelineRow(3, OpType::kAlltoall, "a"), std::string("alltoall.a (process set 3)"));
+}
+
+TEST(an_event_reaches_the_file_within_100_ms) {
+  const std::string path = "build/timeline_latency.json";
+  Timeline t;
+  CHECK(t.start(path, false).empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the writer is idle
+  for (int i = 0; i < 5; ++i) {
+    const std::string row = "allreduce.step" + std::to_string(i);
+    const auto recorded = std::chrono::steady_clock::now();
+    t.begin(row, "ALLREDUCE");
+    t.end(row);
+    // Poll as a reader would; the bound is kFlushDelay (20 ms) plus one write.
+    bool seen = false;
+    while (!seen && std::chrono::steady_clock::now() - recorded < std::chrono::milliseconds(100)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      const std::string text = slurp(path);
+      seen = text.find(row) != std::string::npos && text.back() == ']';
+    }
+    CHECK(seen);
+  }
+  t.stop();
 }
 
 TEST(an_unwritable_path_is_an_error) {

@@ -2,7 +2,9 @@
 lists and hostfiles, rank placement, Slurm's host lists, what travels to remote
 ranks, and the remote wrapper's contract (run for real through sh, no ssh)."""
 
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,7 +17,8 @@ from hvdrun.args import UsageError
 from hvdrun.env import forwarded_env
 from hvdrun.hosts import parse_host_list, parse_hostfile, place_ranks
 from hvdrun.slurm import expand_hostlist, node_defaults
-from hvdrun.ssh import remote_script
+from hvdrun.launch import parse_args
+from hvdrun.ssh import SshSettings, remote_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,29 +91,80 @@ def test_slurm_host_lists():
 
 @pytest.mark.unit
 def test_what_remote_ranks_get():
+    """horovodrun's rule: the launcher's whole environment, less the deny list (this
+    machine, this login, this shell), plus -x, which also forwards a denied name."""
     environ = {"PATH": "/venv/bin:/usr/bin", "PYTHONPATH": "/src", "HOROVOD_FUSION_THRESHOLD": "1",
                "HVD_TORCH_INLINE_THRESHOLD": "0", "HOME": "/root", "SECRET_TOKEN": "x",
-               "MY_FLAG": "on"}  # fmt: skip
-    env = forwarded_env(environ, {"MY_FLAG": None, "LR": "0.1", "ABSENT": None})
+               "DATA_DIR": "/data", "MY_FLAG": "on", "HOSTNAME": "launcher", "PWD": "/src",
+               "OLDPWD": "/", "SHLVL": "2", "_": "/usr/bin/hvdrun", "SSH_AUTH_SOCK": "/tmp/a",
+               "SSH_CONNECTION": "1 2 3 4", "DISPLAY": ":0", "BASH_FUNC_f%%": "() { :; }",
+               "XDG_SESSION_ID": "3", "HOROVOD_SECRET_KEY": "old", "A-B": "not a name",
+               "USER": "me"}  # fmt: skip
+    env = forwarded_env(environ, {"MY_FLAG": None, "LR": "0.1", "ABSENT": None,
+                                  "DISPLAY": None})  # fmt: skip
     assert env == {"PATH": "/venv/bin:/usr/bin", "PYTHONPATH": "/src",
                    "HOROVOD_FUSION_THRESHOLD": "1", "HVD_TORCH_INLINE_THRESHOLD": "0",
-                   "MY_FLAG": "on", "LR": "0.1"}  # fmt: skip
+                   "SECRET_TOKEN": "x", "DATA_DIR": "/data", "MY_FLAG": "on", "LR": "0.1",
+                   "DISPLAY": ":0"}  # fmt: skip
+
+
+@pytest.mark.unit
+def test_x_refuses_a_name_no_shell_can_export():
+    with pytest.raises(UsageError, match="not a variable name"):
+        parse_args(["-np", "2", "-x", "A-B=1", "python", "x.py"], {})
+
+
+def _wrapper(tmp_path, command, env):
+    """The wrapper ssh would run, started here through sh with its payload written."""
+    argv, payload = remote_command("host", command, env, str(tmp_path), SshSettings())
+    script = shlex.split(argv[-1])[2]  # "sh -c '<script>'"
+    proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdin.write(payload)
+    proc.stdin.flush()
+    return argv, proc
+
+
+def test_remote_wrapper_gets_every_value_on_stdin_and_none_on_its_command_line(tmp_path):
+    tricky = {"A": "it's here", "B": "two\nlines\n__hvd_env_end_x\n", "C": "$(touch boom) `x` \\",
+              "D": "", "E": "x" * 100_000, "F": "caf\udce9 (not UTF-8)",
+              "HOROVOD_SECRET_KEY": "5ec7e7" * 8}  # fmt: skip
+    out = tmp_path / "env.json"
+    rank = ("import json, os; json.dump({k: os.environ.get(k) for k in 'ABCDEF'} | "
+            "{'S': os.environ['HOROVOD_SECRET_KEY'], 'cwd': os.getcwd()}, "
+            f"open({str(out)!r}, 'w'))")  # fmt: skip
+    argv, proc = _wrapper(tmp_path, [sys.executable, "-c", rank], tricky)
+    try:
+        assert proc.wait(timeout=30) == 0, proc.communicate()  # the channel stays open
+    finally:
+        proc.kill()
+        proc.communicate()
+    got = json.loads(out.read_text())
+    assert got == {k: tricky[k] for k in "ABCDEF"} | {"S": tricky["HOROVOD_SECRET_KEY"],
+                                                   "cwd": str(tmp_path)}  # fmt: skip
+    assert not (tmp_path / "boom").exists()  # values are data, never run
+    for value in ("it's here", "two", "5ec7e7", "x" * 100):
+        assert all(value not in a for a in argv), argv
+
+
+def test_remote_wrapper_without_its_environment_exits_125(tmp_path):
+    argv, payload = remote_command("host", ["true"], {"A": "1"}, str(tmp_path), SshSettings())
+    proc = subprocess.run(["sh", "-c", shlex.split(argv[-1])[2]], input=payload[:-20],
+                          capture_output=True, timeout=30)  # fmt: skip
+    assert proc.returncode == 125, proc
 
 
 def test_remote_wrapper_stops_its_rank_when_the_channel_closes(tmp_path):
-    """The wrapper ssh runs, run here through sh: it reads the secret from stdin,
-    exports the variables, and kills the rank's whole group once stdin closes."""
+    """The wrapper ssh runs, run here through sh: it reads its environment from stdin,
+    and kills the rank's whole group once stdin closes."""
     pidfile = tmp_path / "pids"
     rank = ("import os, subprocess, time; "
             "child = subprocess.Popen(['sleep', '60']); "
             f"open({str(pidfile)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}} ' "
             "+ os.environ['HOROVOD_SECRET_KEY'] + ' ' + os.environ['A']); time.sleep(60)")  # fmt: skip
-    script = remote_script([sys.executable, "-c", rank], {"A": "it's here"}, str(tmp_path))
-    proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    _, proc = _wrapper(tmp_path, [sys.executable, "-c", rank],
+                       {"A": "it's here", "HOROVOD_SECRET_KEY": "5ec7e7"})
     try:
-        proc.stdin.write(b"5ec7e7\n")
-        proc.stdin.flush()
         deadline = time.monotonic() + 30
         while not (pidfile.exists() and pidfile.read_text().count(" ") >= 3):
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()

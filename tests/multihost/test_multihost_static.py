@@ -7,8 +7,11 @@ Skipped where namespaces cannot be made (not root).
 
 import json
 import os
+import secrets
 import signal
 import time
+
+import pytest
 
 from multihost_harness import ROOT, cluster, finish, hvdrun, rank_lines, spawn
 from multihost_harness import launcher_env as _env
@@ -260,3 +263,53 @@ def _assert_secret_on_no_command_line(rank_pid):
             except OSError:
                 continue  # gone meanwhile
             assert secret not in cmdline, (pid, cmdline)
+
+
+# A rank that reports the launcher's variables it got, and how many processes on this
+# kernel (the launcher's ssh clients, the hosts' sshd and wrappers, every rank) show
+# MH_TOKEN's value or the job's secret on their command line, while every rank runs.
+ENVIRONMENT = """
+import json, os, torch, hvd_torch as hvd
+hvd.init()
+hvd.allreduce(torch.ones(1), name="all.started")
+shown = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        continue  # gone meanwhile
+    shown += any(v.encode() in cmdline
+                 for v in (os.environ["MH_TOKEN"], os.environ["HOROVOD_SECRET_KEY"]))
+names = ["DATA_DIR", "MH_TOKEN", "MH_LINES", "MH_EXTRA", "DISPLAY", "HOSTNAME", "SSH_AUTH_SOCK",
+         "BASH_FUNC_mh%%"]
+print(json.dumps(dict(env={k: os.environ.get(k) for k in names}, shown=shown)))
+hvd.barrier()
+"""
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_launcher_environment_reaches_remote_ranks_on_stdin_only(tmp_path, nranks):
+    """horovodrun's forwarding: the launching shell's variables reach every remote rank,
+    except the deny list (this machine, this login, this shell) unless -x names them;
+    no value is on any command line (the ssh channel's stdin carries them)."""
+    token = secrets.token_hex(16)
+    env = _env(DATA_DIR="/data/set 1", MH_TOKEN=token, MH_LINES="one\ntwo 'x'", DISPLAY=":42",
+               HOSTNAME="the-launcher", SSH_AUTH_SOCK="/tmp/launcher-agent",
+               **{"BASH_FUNC_mh%%": "() { echo mh; }"})  # fmt: skip
+    with cluster(tmp_path, ["a", "b"]) as hosts:
+        a, b = hosts.address("a"), hosts.address("b")
+        run = hvdrun(["-np", str(nranks), "-H", f"{a}:1,{b}:2", *hosts.hvdrun_ssh_args(),
+                      "-x", "MH_EXTRA=from -x", "-x", "DISPLAY", "python", "-c", ENVIRONMENT],
+                     env=env)  # fmt: skip
+        assert run.code == 0, run
+        reports = _reports(run, nranks)
+    for rep in reports.values():
+        got = rep["env"]
+        assert (got["DATA_DIR"], got["MH_TOKEN"], got["MH_LINES"]) == (
+            "/data/set 1", token, "one\ntwo 'x'")  # fmt: skip
+        assert got["MH_EXTRA"] == "from -x"
+        assert got["DISPLAY"] == ":42"  # denied, but named by -x
+        assert got["HOSTNAME"] != "the-launcher"
+        assert got["SSH_AUTH_SOCK"] != "/tmp/launcher-agent"
+        assert got["BASH_FUNC_mh%%"] is None
+        assert rep["shown"] == 0, rep

@@ -32,6 +32,15 @@ HOROVOD_KNOBS = [
     "HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_ALLGATHER",
     "HOROVOD_GPU_BROADCAST", "HOROVOD_GPU_ALLTOALL", "HOROVOD_GPU_REDUCESCATTER",
 ]
+# Horovod 0.28.1's install docs: the build switches images and job files keep.
+HOROVOD_BUILD_SWITCHES = [
+    "HOROVOD_WITH_GLOO", "HOROVOD_WITHOUT_GLOO", "HOROVOD_WITH_PYTORCH", "HOROVOD_WITHOUT_PYTORCH",
+    "HOROVOD_WITH_MPI", "HOROVOD_WITHOUT_MPI", "HOROVOD_WITH_TENSORFLOW",
+    "HOROVOD_WITHOUT_TENSORFLOW", "HOROVOD_WITH_MXNET", "HOROVOD_WITHOUT_MXNET", "HOROVOD_GPU",
+    "HOROVOD_CUDA_HOME", "HOROVOD_CUDA_INCLUDE", "HOROVOD_CUDA_LIB", "HOROVOD_NCCL_HOME",
+    "HOROVOD_NCCL_INCLUDE", "HOROVOD_NCCL_LIB", "HOROVOD_NCCL_LINK", "HOROVOD_BUILD_ARCH_FLAGS",
+    "HOROVOD_BUILD_CUDA_CC_LIST", "HOROVOD_CMAKE",
+]
 
 REFUSE = {
     "HOROVOD_CCL_CACHE": "1",
@@ -58,7 +67,7 @@ def test_every_horovod_knob_is_classified():
     from hvd_torch import horovod_env
 
     groups = [horovod_env.HONOURED, horovod_env.ACCEPTED_VALUES, horovod_env.REFUSED]
-    for name in HOROVOD_KNOBS:
+    for name in HOROVOD_KNOBS + HOROVOD_BUILD_SWITCHES:
         found = [g for g in groups if name in g]
         assert len(found) == 1, f"{name} is in {len(found)} groups of hvd_torch/horovod_env.py"
     # Every refused-when-set knob is refused on its own, with its name and value.
@@ -69,6 +78,27 @@ def test_every_horovod_knob_is_classified():
         elif name in horovod_env.HONOURED and name not in horovod_env.HONOURED_VALUES:
             horovod_env.check({name: "7"})
     horovod_env.check({})
+
+
+@pytest.mark.unit
+def test_build_switches_are_accepted_when_they_describe_this_build_and_refused_otherwise():
+    """HOROVOD_WITH_GLOO=1, HOROVOD_WITH_PYTORCH=1, HOROVOD_WITHOUT_MXNET=1 (a Horovod
+    image's usual environment) describe hvd-torch's build: accepted. Asking for MPI,
+    TensorFlow, MXNet, ROCm, or a build without Gloo or PyTorch is refused by name."""
+    from hvd_torch import horovod_env
+
+    horovod_env.check({"HOROVOD_WITH_GLOO": "1", "HOROVOD_WITH_PYTORCH": "1",
+                       "HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_WITHOUT_TENSORFLOW": "1",
+                       "HOROVOD_WITHOUT_MPI": "1", "HOROVOD_WITH_MXNET": "0",
+                       "HOROVOD_WITH_TENSORFLOW": "0", "HOROVOD_WITH_MPI": "0",
+                       "HOROVOD_WITHOUT_GLOO": "0", "HOROVOD_GPU": "CUDA",
+                       "HOROVOD_NCCL_HOME": "/opt/nccl", "HOROVOD_CMAKE": "/usr/bin/cmake"})
+    refused = {"HOROVOD_WITH_MPI": "1", "HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_MXNET": "1",
+               "HOROVOD_WITHOUT_GLOO": "1", "HOROVOD_WITHOUT_PYTORCH": "1", "HOROVOD_GPU": "ROCM"}
+    with pytest.raises(ValueError) as e:
+        horovod_env.check(refused)
+    for name, value in refused.items():
+        assert f"{name}={value!r}" in str(e.value), (name, str(e.value))
 
 
 @pytest.mark.unit
