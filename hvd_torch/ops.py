@@ -288,12 +288,13 @@ def barrier(process_set=global_process_set):
 def join(device=-1):
     """This rank has no more data; returns the last rank to join once all have.
 
-    Until every rank has joined, this rank takes part in the others'
-    allreduces and reducescatters with zeros, so uneven numbers of batches per
-    rank finish instead of hanging. Average divides by the ranks that have not
-    joined; Horovod divides by every rank (docs/compat.md, "Behaviour that
-    differs on purpose"). Other ops fail while ranks are joined (Horovod also
-    completes allgather and broadcast).
+    Until every rank has joined, this rank takes part in the others' ops, so
+    uneven numbers of batches per rank finish instead of hanging: allreduce and
+    reducescatter with zeros, allgather with no rows, broadcast from a root
+    that has not joined (Horovod's rules). Average divides by every rank, as
+    Horovod's does; HVD_TORCH_JOIN_AVERAGE=contributors divides by the ranks
+    that submitted (docs/compat.md). Alltoall, and a broadcast from a joined
+    root, fail on every rank while ranks are joined.
     """
     return int(_ops.join(device))
 

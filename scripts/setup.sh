@@ -99,8 +99,16 @@ elif [ -n "$TORCH_INDEX" ]; then
     # there is the CUDA build); other architectures' wheels are CPU-only as they are.
     spec="torch==$TORCH_VERSION"
     if [ "$(uname -m)" = x86_64 ]; then spec="$spec+cpu"; fi
-    say "torch: installing $spec (CPU build, from $TORCH_INDEX and pip's indexes)"
-    pip_install --extra-index-url "$TORCH_INDEX" "$spec"
+    # Ask the index only if it answers within seconds: pip would wait its whole
+    # timeout (180 s here) per try on an index it cannot reach.
+    if timeout 10 "$PY" -c 'import sys, urllib.request
+urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=5)' "$TORCH_INDEX" 2>/dev/null; then
+        say "torch: installing $spec (CPU build, from $TORCH_INDEX and pip's indexes)"
+        pip_install --extra-index-url "$TORCH_INDEX" "$spec"
+    else
+        say "torch: $TORCH_INDEX does not answer; installing $spec from pip's own indexes"
+        pip_install "$spec"
+    fi
 else
     say "torch: installing torch==$TORCH_VERSION from pip's indexes (HVD_TORCH_TORCH_INDEX is empty)"
     pip_install "torch==$TORCH_VERSION"
