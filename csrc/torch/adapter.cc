@@ -686,13 +686,13 @@ int64_t joinAndWait() {
   return done.work->firstDims().at(0);
 }
 
-int64_t submitBarrier(int64_t process_set) {
+int64_t submitBarrier(int64_t process_set, const std::string& name) {
   auto engine = requireEngine("barrier");
-  requireMember(*engine, process_set, "barrier", "");
+  requireMember(*engine, process_set, "barrier", name);
   Entry e;
   e.request.type = OpType::kBarrier;
   e.request.dtype = DataType::kUInt8;
-  e.request.name = opName("barrier", "", process_set);
+  e.request.name = opName("barrier", name, process_set);
   e.request.process_set = static_cast<int32_t>(process_set);
   Pending p;
   p.result = at::zeros({}, at::kLong);

@@ -100,7 +100,8 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& name, int64
                         const GroupTag* group = nullptr);
 int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
                         const std::string& name, int64_t process_set);
-int64_t submitBarrier(int64_t process_set);
+// name: "" for an unnamed op's name (barrier.noname.<n>).
+int64_t submitBarrier(int64_t process_set, const std::string& name = "");
 // join(): blocks until every rank has joined; returns the last rank to join.
 int64_t joinAndWait();
 int64_t submitReducescatter(const at::Tensor& tensor, const std::string& name, int64_t op,
