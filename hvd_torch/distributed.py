@@ -132,7 +132,8 @@ def _create_backend(options, backend_options):
         if ranks:
             raise RuntimeError("hvd backend (torch.distributed): the hvd engine is not running "
                                "(was hvd.shutdown() called?); re-create the default group")
-        rendezvous_env(options.store, rank, size)
+        if "HOROVOD_RANK" not in os.environ:  # hvdrun's (or the Ray driver's) rendezvous if set
+            rendezvous_env(options.store, rank, size)
         basics.init()
     world = basics.size()
     if not ranks:  # the default group: one rank of it per engine rank

@@ -81,6 +81,13 @@ class HvdWork : public c10d::Work {
 // The completion thread: finishes jobs in submission order (every rank
 // submits a group's collectives in the same order, so the head of the queue
 // is never waiting on a later one), then completes their futures.
+//
+// The thread is detached, not joined: a job's callbacks and its tensors'
+// release may need the GIL, which whoever destroys the backend (the main
+// thread in destroy_process_group, or DDP's reducer being freed) may hold;
+// joining there deadlocked. Once stopped, the thread finishes the jobs it has
+// (the engine completes or fails every op it was given) and ends; it shares
+// the queue's state, so the backend may go first.
 class Completer {
  public:
   struct Job {
@@ -89,34 +96,42 @@ class Completer {
     std::vector<at::Tensor> value;
   };
 
-  Completer() : thread_([this] { run(); }) {}
+  Completer() : state_(std::make_shared<State>()) {
+    std::thread([state = state_] { run(*state); }).detach();
+  }
   ~Completer() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->stop = true;
     }
-    cv_.notify_one();
-    thread_.join();
+    state_->cv.notify_one();
   }
 
   void push(Job job) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back(std::move(job));
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->jobs.push_back(std::move(job));
     }
-    cv_.notify_one();
+    state_->cv.notify_one();
   }
 
  private:
-  void run() {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Job> jobs;
+    bool stop = false;
+  };
+
+  static void run(State& state) {
     for (;;) {
       Job job;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stopping, and every job is done
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
+        std::unique_lock<std::mutex> lock(state.mu);
+        state.cv.wait(lock, [&] { return state.stop || !state.jobs.empty(); });
+        if (state.jobs.empty()) return;  // stopping, and every job is done
+        job = std::move(state.jobs.front());
+        state.jobs.pop_front();
       }
       try {
         job.finish();
@@ -129,11 +144,7 @@ class Completer {
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;
-  bool stop_ = false;
-  std::thread thread_;  // last: started once the members above exist
+  std::shared_ptr<State> state_;
 };
 
 // Our reduce op (Horovod's numbering) and prescale factor for a c10d ReduceOp.
@@ -643,7 +654,7 @@ class HvdBackend : public c10d::Backend {
   const std::vector<int64_t> global_ranks_;
   const std::string group_name_;
   std::atomic<uint64_t> seq_{0};
-  Completer completer_;  // last: its thread stops (after finishing its jobs) first
+  Completer completer_;
 };
 
 }  // namespace

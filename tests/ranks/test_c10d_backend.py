@@ -357,3 +357,71 @@ def test_init_process_group_starts_the_engine(nranks, tmp_path):
     results = run_ranks(_starts_engine, nranks, args=(str(tmp_path),), timeout=TIMEOUT)
     total = float(sum(range(nranks)))
     assert results == [([total, total], nranks)] * nranks
+
+
+def _block():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0,
+                                         batch_first=True),
+        torch.nn.Flatten(), torch.nn.Linear(16 * 4, 3))
+
+
+def _fsdp(tmp):
+    """FSDP2's fully_shard of a small transformer block trains as the unsharded model
+    does on every rank's batch; torch.distributed.checkpoint saves and loads its
+    sharded state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist = _init("hvd", os.path.join(tmp, "store"))
+    try:
+        rank, n = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh("cpu", (n,))
+        model = _block()
+        for layer in model[0], model:
+            fully_shard(layer, mesh=mesh)
+        reference = _block()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        batches = [torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(10 * s + r))
+                   for s in range(3) for r in range(n)]
+        for step in range(3):
+            mine = batches[step * n + rank]
+            opt.zero_grad()
+            model(mine).pow(2).mean().backward()
+            opt.step()
+            # The reference sees every rank's batch: the mean of their losses.
+            ref_opt.zero_grad()
+            sum(reference(batches[step * n + r]).pow(2).mean() for r in range(n)).div(n).backward()
+            ref_opt.step()
+        trained = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        for k, v in reference.state_dict().items():
+            torch.testing.assert_close(trained[k], v, rtol=0, atol=1e-5, msg=lambda m: f"{k}: {m}")
+        sharded = model.state_dict()
+        assert any(v.to_local().numel() < v.numel() for v in sharded.values())
+
+        # torch.distributed.checkpoint: save the shards, load them into a fresh model.
+        dcp.save({"model": sharded}, checkpoint_id=os.path.join(tmp, "ckpt"))
+        torch.manual_seed(1)
+        other = torch.nn.Sequential(
+            torch.nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32,
+                                             dropout=0.0, batch_first=True),
+            torch.nn.Flatten(), torch.nn.Linear(16 * 4, 3))
+        for layer in other[0], other:
+            fully_shard(layer, mesh=mesh)
+        state = {"model": other.state_dict()}
+        dcp.load(state, checkpoint_id=os.path.join(tmp, "ckpt"))
+        other.load_state_dict(state["model"])
+        for k, v in other.state_dict().items():
+            torch.testing.assert_close(v.full_tensor(), trained[k], rtol=0, atol=0)
+        return sorted(trained)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_fsdp2_trains_like_the_unsharded_model_and_checkpoints(nranks, tmp_path):
+    results = run_ranks(_fsdp, nranks, args=(str(tmp_path),), timeout=TIMEOUT)
+    assert results[0] == results[-1] and len(results[0]) > 4
