@@ -136,6 +136,7 @@ def _create_backend(options, backend_options):
             rendezvous_env(options.store, rank, size)
         basics.init()
     world = basics.size()
+    process_set = 0
     if not ranks:  # the default group: one rank of it per engine rank
         if (rank, size) != (basics.rank(), world):
             raise ValueError(
@@ -144,19 +145,73 @@ def _create_backend(options, backend_options):
                 f"{basics.rank()} of {world}): the default group must be the engine's ranks")
         ranks = list(range(world))
     elif ranks != list(range(world)):
-        raise NotImplementedError(
-            f"hvd backend (torch.distributed): new_group(ranks={ranks}) is not supported yet: "
-            f"a group must hold every rank (0..{world - 1}, in order). torch creates a group's "
-            "backend on its members only, while hvd's process sets are registered by every "
-            "rank. Use hvd.add_process_set() with hvd's own ops, or a Gloo group: "
-            "dist.new_group(ranks, backend=\"gloo\")")
-    return _C.c10d_backend(rank, size, 0, ranks, str(options.group_id))
+        registered = _subgroup_sets.get(tuple(ranks))
+        if registered is None or registered.process_set_id is None:
+            raise NotImplementedError(
+                f"hvd backend (torch.distributed): no hvd process set for new_group(ranks="
+                f"{ranks}). A subgroup maps to an hvd process set, which every rank registers "
+                "together, so it needs new_group called on every rank with sorted ranks (the "
+                "default); use_local_synchronization=True or sort_ranks=False cannot be "
+                "supported. Alternatively use a Gloo group: dist.new_group(ranks, "
+                "backend=\"gloo\")")
+        process_set = registered.process_set_id
+    return _C.c10d_backend(rank, size, process_set, ranks, str(options.group_id))
+
+
+# new_group(ranks) on the "hvd" backend: torch creates a group's backend on its
+# members only, while an hvd process set is registered by every rank (a collective
+# over the global set). torch's new_group (and DeviceMesh, which calls it for every
+# subgroup on every rank) runs on every rank, so we register the set there, before
+# torch creates the group; the creator above then finds it. Sets are kept for the
+# engine's life and reused when the same ranks come again.
+_subgroup_sets = {}
+
+
+def _uses_hvd(backend) -> bool:
+    if backend is None:
+        return dist.is_initialized() and "hvd" in str(dist.get_backend())
+    return "hvd" in str(backend).lower()
+
+
+def _wrap_new_group_with_tag(original):
+    import functools
+    import inspect
+
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def _new_group_with_tag(*args, **kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            a = bound.arguments
+        except TypeError:
+            return original(*args, **kwargs)
+        ranks = a.get("ranks")
+        if (ranks and _uses_hvd(a.get("backend")) and not a.get("use_local_synchronization")
+                and a.get("sort_ranks", True)):
+            from hvd_torch import basics, process_sets
+
+            key = tuple(sorted(ranks))
+            if basics.is_initialized() and list(key) != list(range(basics.size())):
+                known = _subgroup_sets.get(key)
+                if known is None or known.process_set_id is None:
+                    _subgroup_sets[key] = process_sets.add_process_set(list(key))
+        return original(*args, **kwargs)
+
+    _new_group_with_tag._hvd_wrapped = True
+    return _new_group_with_tag
 
 
 def _register():
     if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
+    from torch.distributed import distributed_c10d
+
+    original = getattr(distributed_c10d, "_new_group_with_tag", None)
+    if original is not None and not getattr(original, "_hvd_wrapped", False):
+        distributed_c10d._new_group_with_tag = _wrap_new_group_with_tag(original)
 
 
 if dist.is_available():

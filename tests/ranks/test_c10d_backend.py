@@ -275,13 +275,11 @@ def _errors(tmp):
         else:
             expect("peer's bad output", RuntimeError,
                    lambda: dist.all_gather_into_tensor(out, torch.ones(1)), "mismatched operations")
-        # A subgroup that is not the whole world: refused on its members.
-        if n > 2:
-            if rank in (0, 1):
-                expect("new_group", NotImplementedError, lambda: dist.new_group([0, 1]),
-                       "new_group", "not supported")
-            else:
-                dist.new_group([0, 1])
+        # A subgroup that only its members create cannot be an hvd process set.
+        if n > 2 and rank in (0, 1):
+            expect("new_group", NotImplementedError,
+                   lambda: dist.new_group([0, 1], use_local_synchronization=True),
+                   "new_group(ranks=[0, 1])", "use_local_synchronization")
         # The group still works afterwards.
         t = torch.ones(1)
         dist.all_reduce(t)
@@ -297,6 +295,47 @@ def test_errors_are_clear_on_every_rank(nranks, tmp_path):
     for r in results:
         assert all(seconds < 10 for seconds in r.values()), results
         assert {"band", "reduce_scatter max"} <= set(r)
+
+
+def _subgroups(tmp):
+    """new_group(ranks) maps to an hvd process set: collectives over a subgroup,
+    two overlapping subgroups, and a group over every rank."""
+    dist = _init("hvd", os.path.join(tmp, "store"))
+    try:
+        rank, n = dist.get_rank(), dist.get_world_size()
+        low, high = dist.new_group([0, 1]), dist.new_group(list(range(1, n)))
+        everyone = dist.new_group(list(range(n)))
+        out = {}
+        for name, group, members in [("low", low, [0, 1]), ("high", high, list(range(1, n))),
+                                     ("everyone", everyone, list(range(n)))]:
+            if rank not in members:
+                continue
+            t = torch.ones(2) * (rank + 1)
+            dist.all_reduce(t, group=group)
+            assert t.tolist() == [float(sum(r + 1 for r in members))] * 2, (name, t)
+            b = torch.full((3,), float(rank))
+            dist.broadcast(b, src=members[-1], group=group)  # src: a global rank
+            assert b.tolist() == [float(members[-1])] * 3, (name, b)
+            g = torch.empty(len(members))
+            dist.all_gather_into_tensor(g, torch.tensor([float(rank)]), group=group)
+            assert g.tolist() == [float(r) for r in members], (name, g)
+            o = torch.empty(1)
+            dist.reduce_scatter_tensor(o, torch.arange(len(members), dtype=torch.float32),
+                                       group=group)
+            me = members.index(rank)
+            assert o.item() == me * len(members), (name, o)
+            dist.barrier(group=group)
+            out[name] = dist.get_group_rank(group, rank)
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_new_group_maps_to_a_process_set(nranks, tmp_path):
+    results = run_ranks(_subgroups, nranks, args=(str(tmp_path),), timeout=TIMEOUT)
+    assert results[0] == {"low": 0, "everyone": 0}
+    assert results[1]["high"] == 0 and results[1]["low"] == 1
 
 
 def _mixed(tmp):
