@@ -213,6 +213,13 @@ def _collectives(tmp):
         lst = [f"from {rank}"]
         dist.broadcast_object_list(lst, src=1)
         assert lst == ["from 1"], lst
+        gathered = [None] * n if rank == 0 else None
+        dist.gather_object(("r", rank), gathered, dst=0)
+        assert rank != 0 or gathered == [("r", r) for r in range(n)], gathered
+        got = [None]
+        dist.scatter_object_list(got, [{"to": r} for r in range(n)] if rank == n - 1 else None,
+                                 src=n - 1)
+        assert got == [{"to": rank}], got
         checked.append("objects")
 
         # barrier: nobody leaves before the last rank arrives.
