@@ -315,7 +315,8 @@ class HvdBackend : public c10d::Backend {
       TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), kPrefix, what,
                         ": the output has ", output.numel(), " elements, expected the input's ",
                         input.numel(), " times ", getSize(), " ranks");
-      const int64_t h = submitAllgather(input.reshape({-1}), name, process_set_);
+      const int64_t h =
+          submitAllgather(input.reshape({-1}), name, process_set_, nullptr, into(output, input));
       at::Tensor out = output;
       return launch(c10d::OpType::_ALLGATHER_BASE, {output}, [h, out, name] {
         at::Tensor gathered = waitHandle(h);
@@ -471,7 +472,7 @@ class HvdBackend : public c10d::Backend {
           " ranks");
       c10::optional<at::Tensor> splits;
       if (!input_splits.empty()) splits = at::tensor(input_splits, at::kLong);
-      const int64_t h = submitAlltoall(input, splits, name, process_set_);
+      const int64_t h = submitAlltoall(input, splits, name, process_set_, into(output, input));
       at::Tensor out = output;
       std::vector<int64_t> expected = output_splits;
       return launch(c10d::OpType::ALLTOALL_BASE, {output}, [h, out, expected, name] {
@@ -618,12 +619,21 @@ class HvdBackend : public c10d::Backend {
                                                    c10d::OpType type) {
     const Reduction red = reduction(opts.reduceOp, what, true);
     // One row per rank: Horovod's split gives rank i row i.
-    const int64_t h = submitReducescatter(rows, name, red.op, red.prescale, 1.0, process_set_);
+    const int64_t h =
+        submitReducescatter(rows, name, red.op, red.prescale, 1.0, process_set_, nullptr,
+                            into(output, rows));
     at::Tensor out = output;
     std::string op = what;
     return launch(type, {output}, [h, out, op, name] {
       copyFlat(waitHandle(h), out, op.c_str(), name);
     });
+  }
+
+  // The output the engine may write the result into directly: not when it
+  // shares memory with the input (FSDP2 gathers from a slice of its output),
+  // where the engine would read what it is writing.
+  static at::Tensor into(const at::Tensor& output, const at::Tensor& input) {
+    return output.is_alias_of(input) ? at::Tensor() : output;
   }
 
   // The engine's result into the caller's tensor, element for element.
@@ -632,6 +642,8 @@ class HvdBackend : public c10d::Backend {
     TORCH_CHECK_VALUE(result.numel() == out.numel(), kPrefix, what, " '", name, "': received ",
                       result.numel(), " elements for an output of ", out.numel(),
                       " (the ranks passed tensors of different sizes)");
+    // The engine wrote straight into a contiguous output (submit*'s `into`).
+    if (result.data_ptr() == out.data_ptr()) return;
     out.copy_(result.reshape(out.sizes()));
   }
 
