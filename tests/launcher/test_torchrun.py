@@ -1,6 +1,7 @@
 """torchrun and hvdrun run each other's scripts (issue #31): torchrun launches an
 `import hvd_torch as hvd` script (hvd.init() reads torchrun's variables and meets the
-other ranks through torchrun's TCPStore) and examples/ddp_on_hvd.py; hvdrun launches
+other ranks through torchrun's TCPStore), examples/digits_train.py unchanged and
+examples/ddp_on_hvd.py; hvdrun launches
 a plain DDP script that knows nothing of hvd (hvdrun sets RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, ...) and the same DDP example over the "hvd" backend.
 """
@@ -97,6 +98,15 @@ def test_torchrun_runs_an_hvd_script(tmp_path):
     for rank in range(2):
         assert f"rank {rank} of 2, local {rank} of 2, host 0 of 1: sum 3" in out, out
         assert f"rank {rank} again: 2" in out, out
+
+
+def test_torchrun_runs_digits_train_unchanged(tmp_path):
+    """The Horovod-style example (hvd.init, DistributedOptimizer, broadcasts) under torchrun."""
+    code, out = _torchrun(EXAMPLES / "digits_train.py", "--epochs", "1",
+                          "--checkpoint", tmp_path / "digits.pt")
+    assert code == 0, out
+    assert out.startswith("2 rank(s)") or "\n2 rank(s), DigitsNet" in out, out
+    assert re.search(r"epoch\s+1/1\s+loss [\d.]+\s+val accuracy", out) and IDENTICAL.search(out), out
 
 
 def test_torchrun_runs_ddp_on_hvd_with_hvd_metrics():
