@@ -282,6 +282,21 @@ def _errors(tmp):
         else:
             expect("peer's bad output", RuntimeError,
                    lambda: dist.all_gather_into_tensor(out, torch.ones(1)), "mismatched operations")
+        # Ranks that disagree: different collectives, or dtypes, at the same position.
+        if rank == 0:
+            expect("different ops", RuntimeError, lambda: dist.all_reduce(torch.ones(2)),
+                   "mismatched operations")
+        else:
+            expect("different ops", RuntimeError, lambda: dist.broadcast(torch.ones(2), src=0),
+                   "mismatched operations")
+        expect("different dtypes", RuntimeError, lambda: dist.all_reduce(
+            torch.ones(2, dtype=torch.float64 if rank == 1 else torch.float32)),
+            "mismatched dtypes")
+        # A dtype we do not move: every rank. (A CUDA tensor is refused the same way,
+        # naming its device; this machine has none. torch routes meta tensors to its own
+        # no-op kernels, never to a backend.)
+        expect("uint16", ValueError,
+               lambda: dist.all_reduce(torch.ones(2, dtype=torch.uint16)), "unsupported dtype")
         # A subgroup that only its members create cannot be an hvd process set.
         if n > 2 and rank in (0, 1):
             expect("new_group", NotImplementedError,
@@ -301,7 +316,10 @@ def test_errors_are_clear_on_every_rank(nranks, tmp_path):
     results = run_ranks(_errors, nranks, args=(str(tmp_path),), timeout=TIMEOUT)
     for r in results:
         assert all(seconds < 10 for seconds in r.values()), results
-        assert {"band", "reduce_scatter max"} <= set(r)
+        assert {"band", "reduce_scatter max", "bad output", "peer's bad output", "different ops",
+                "different dtypes", "uint16"} & set(r) == \
+            {"band", "reduce_scatter max", "different ops", "different dtypes", "uint16",
+             "bad output" if r is results[1] else "peer's bad output"}
 
 
 def _subgroups(tmp):
