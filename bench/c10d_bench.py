@@ -8,7 +8,8 @@ Both process groups live in the same rank processes: the default group on "hvd"
 (hvd-torch's engine: shared memory on one host) and dist.new_group(backend="gloo")
 over every rank. For each op and size the two are timed in alternating sets, so a
 noisy neighbour slows both alike; each set runs `iters` calls of
-dist.<op>(..., group=g) on pre-filled tensors and the result of the last is checked.
+dist.<op>(..., group=g) on pre-filled tensors, and its result is checked after the set
+(all_reduce and broadcast: timed on zeros, checked on one more call).
 A set's time is the slowest rank's (a max-allreduce of the per-rank times over gloo);
 the reported time is the median over --reps sets, with the spread of the ratio.
 
@@ -17,6 +18,9 @@ the reported time is the median over --reps sets, with the spread of the ratio.
   bytes: the tensor passed (all_reduce, broadcast), the gathered output
   (all_gather_into_tensor), the input (reduce_scatter_tensor, all_to_all_single).
   gloo/hvd = gloo's time / hvd's time: above 1 means hvd is faster.
+
+--ddp-steps K also times K DDP training steps of a 4-layer MLP per set over each
+group (the same initial weights; the two must end with the same weights).
 """
 
 import argparse
@@ -48,6 +52,10 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=5, help="timed sets per backend and size")
     p.add_argument("--iters", type=int, default=100, help="calls per set at most (fewer for "
                    "large sizes: about 64 MiB per set, at least 3)")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank")
+    p.add_argument("--ddp-steps", type=int, default=0,
+                   help="also time this many DDP training steps per set (0: none)")
+    p.add_argument("--ddp-width", type=int, default=1024, help="the DDP MLP's layer width")
     p.add_argument("--json", default=None, help="write the results here (rank 0)")
     p.add_argument("--worker", action="store_true", help="run as a rank (under hvdrun)")
     return p.parse_args(argv)
@@ -61,43 +69,99 @@ def sizes(args):
 
 
 def _case(torch, op, nbytes, n, rank):
-    """(call(group), check(), bytes counted) for one op and size (float32)."""
+    """(call(group), check(group), bytes counted) for one op and size (float32)."""
     import torch.distributed as dist
 
     count = max(1, nbytes // 4)
     if op in ("all_reduce", "broadcast"):
-        t = torch.full((count,), float(rank + 1))
+        # Timed on zeros (a sum of zeros stays zeros, so no refill between calls);
+        # checked on one more call with rank + 1 on every rank.
+        t = torch.zeros(count)
 
         def call(g):
-            t.fill_(rank + 1)
             if op == "all_reduce":
                 dist.all_reduce(t, group=g)
             else:
                 dist.broadcast(t, src=0, group=g)
 
-        want = n * (n + 1) / 2 if op == "all_reduce" else 1.0
-        return call, lambda: bool((t == want).all()), count * 4
+        def check(g):
+            t.fill_(rank + 1)
+            call(g)
+            ok = bool((t == (n * (n + 1) / 2 if op == "all_reduce" else 1.0)).all())
+            t.zero_()
+            return ok
+
+        return call, check, count * 4
     if op == "all_gather_into_tensor":
         count = max(1, count // n)
         x = torch.full((count,), float(rank))
         out = torch.empty(count * n)
         want = torch.arange(n, dtype=torch.float32).repeat_interleave(count)
         return (lambda g: dist.all_gather_into_tensor(out, x, group=g),
-                lambda: torch.equal(out, want), count * n * 4)
+                lambda g: torch.equal(out, want), count * n * 4)
     if op == "reduce_scatter_tensor":
         count = max(1, count // n)
         x = torch.full((count * n,), float(rank + 1))
         out = torch.empty(count)
         return (lambda g: dist.reduce_scatter_tensor(out, x, group=g),
-                lambda: bool((out == n * (n + 1) / 2).all()), count * n * 4)
+                lambda g: bool((out == n * (n + 1) / 2).all()), count * n * 4)
     if op == "all_to_all_single":
         count = max(1, count // n)
         x = torch.full((count * n,), float(rank))
         out = torch.empty(count * n)
         want = torch.arange(n, dtype=torch.float32).repeat_interleave(count)
         return (lambda g: dist.all_to_all_single(out, x, group=g),
-                lambda: torch.equal(out, want), count * n * 4)
+                lambda g: torch.equal(out, want), count * n * 4)
     raise SystemExit(f"unknown op {op!r}; choose from {OPS}")
+
+
+def ddp_steps(torch, dist, groups, args, rank, n):
+    """DDP training steps of an MLP (--ddp-width: 4 square layers; 1024: 16 MiB of
+    gradients) over each group, sets alternated; the median step time per backend."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    w = args.ddp_width
+    models = {}
+    for name, g in groups.items():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(*[torch.nn.Linear(w, w) for _ in range(4)])
+        models[name] = (DDP(net, process_group=g), torch.optim.SGD(net.parameters(), lr=1e-3))
+    x = torch.randn(32, w, generator=torch.Generator().manual_seed(rank))
+    gloo = groups["gloo"]
+    times = {name: [] for name in models}
+
+    def step(name):
+        model, opt = models[name]
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    for name in models:
+        step(name)
+    for _ in range(args.reps):
+        for name in models:
+            dist.barrier(group=gloo)
+            start = time.perf_counter()
+            for _ in range(args.ddp_steps):
+                step(name)
+            elapsed = torch.tensor([(time.perf_counter() - start) / args.ddp_steps])
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=gloo)
+            times[name].append(elapsed.item())
+    a, b = (torch.cat([p.detach().reshape(-1) for p in models[k][0].parameters()])
+            for k in ("hvd", "gloo"))
+    if not torch.allclose(a, b, rtol=0, atol=1e-5):
+        raise SystemExit(f"rank {rank}: DDP over hvd and over gloo trained different weights")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratios = [g / h for g, h in zip(times["gloo"], times["hvd"])]
+    row = dict(op=f"ddp_step_mlp{w}", bytes=4 * 4 * (w * w + w), iters=args.ddp_steps,
+               hvd_us=med["hvd"] * 1e6, gloo_us=med["gloo"] * 1e6, ratio=med["gloo"] / med["hvd"],
+               ratio_min=min(ratios), ratio_max=max(ratios))
+    if rank == 0:
+        print(f"DDP step, MLP 4x{w}x{w} ({row['bytes'] >> 20} MiB of gradients), batch 32: "
+              f"hvd {row['hvd_us'] / 1e3:.2f} ms, gloo {row['gloo_us'] / 1e3:.2f} ms, "
+              f"gloo/hvd {row['ratio']:.2f} ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})",
+              flush=True)
+    return row
 
 
 def worker(args):
@@ -106,6 +170,9 @@ def worker(args):
 
     import hvd_torch  # noqa: F401  (registers "hvd")
 
+    # One compute thread per rank, as torchrun sets (OMP_NUM_THREADS=1): OpenMP's
+    # spinning workers beside the ranks' own threads slowed every op 5-10x on 2 cores.
+    torch.set_num_threads(args.threads)
     dist.init_process_group("hvd")
     rank, n = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
@@ -131,7 +198,7 @@ def worker(args):
                     for _ in range(iters):
                         call(g)
                     elapsed = torch.tensor([(time.perf_counter() - start) / iters])
-                    if not check():
+                    if not check(g):
                         raise SystemExit(f"rank {rank}: {op} over {name} gave a wrong result")
                     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=gloo)
                     times[name].append(elapsed.item())
@@ -150,6 +217,8 @@ def worker(args):
                       f"{row['hvd_busbw']:>11.3f}{row['gloo_busbw']:>11.3f}{row['ratio']:>10.2f}"
                       f"{'  ' + format(row['ratio_min'], '.2f') + '-' + format(row['ratio_max'], '.2f'):>16}",
                       flush=True)
+    if args.ddp_steps:
+        results.append(ddp_steps(torch, dist, groups, args, rank, n))
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(dict(ranks=n, reps=args.reps, results=results), f, indent=1)
