@@ -19,8 +19,9 @@ the reported time is the median over --reps sets, with the spread of the ratio.
   (all_gather_into_tensor), the input (reduce_scatter_tensor, all_to_all_single).
   gloo/hvd = gloo's time / hvd's time: above 1 means hvd is faster.
 
---ddp-steps K also times K DDP training steps of a 4-layer MLP per set over each
-group (the same initial weights; the two must end with the same weights).
+--ddp-steps K also times K DDP training steps, then K FSDP2 (fully_shard per layer)
+steps, of a 4-layer MLP per set over each group (the same initial weights; the two
+must end with the same weights).
 """
 
 import argparse
@@ -54,7 +55,7 @@ def parse_args(argv=None):
                    "large sizes: about 64 MiB per set, at least 3)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank")
     p.add_argument("--ddp-steps", type=int, default=0,
-                   help="also time this many DDP training steps per set (0: none)")
+                   help="also time this many DDP and FSDP2 training steps per set (0: none)")
     p.add_argument("--ddp-width", type=int, default=1024, help="the DDP MLP's layer width")
     p.add_argument("--json", default=None, help="write the results here (rank 0)")
     p.add_argument("--worker", action="store_true", help="run as a rank (under hvdrun)")
@@ -115,17 +116,32 @@ def _case(torch, op, nbytes, n, rank):
     raise SystemExit(f"unknown op {op!r}; choose from {OPS}")
 
 
-def ddp_steps(torch, dist, groups, args, rank, n):
-    """DDP training steps of an MLP (--ddp-width: 4 square layers; 1024: 16 MiB of
-    gradients) over each group, sets alternated; the median step time per backend."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
+def _mlp(torch, w):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(w, w) for _ in range(4)])
 
+
+def training_steps(kind, torch, dist, groups, args, rank, n):
+    """DDP or FSDP2 training steps of an MLP (--ddp-width: 4 square layers; 1024: 16 MiB
+    of gradients) over each group, sets alternated; the median step time per backend.
+    The two must end with the same weights."""
     w = args.ddp_width
     models = {}
     for name, g in groups.items():
-        torch.manual_seed(0)
-        net = torch.nn.Sequential(*[torch.nn.Linear(w, w) for _ in range(4)])
-        models[name] = (DDP(net, process_group=g), torch.optim.SGD(net.parameters(), lr=1e-3))
+        net = _mlp(torch, w)
+        if kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            model = DDP(net, process_group=g)
+        else:
+            from torch.distributed.device_mesh import DeviceMesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = DeviceMesh.from_group(g, "cpu")
+            for layer in net:
+                fully_shard(layer, mesh=mesh)
+            model = fully_shard(net, mesh=mesh)
+        models[name] = (model, torch.optim.SGD(net.parameters(), lr=1e-3))
     x = torch.randn(32, w, generator=torch.Generator().manual_seed(rank))
     gloo = groups["gloo"]
     times = {name: [] for name in models}
@@ -147,18 +163,22 @@ def ddp_steps(torch, dist, groups, args, rank, n):
             elapsed = torch.tensor([(time.perf_counter() - start) / args.ddp_steps])
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=gloo)
             times[name].append(elapsed.item())
-    a, b = (torch.cat([p.detach().reshape(-1) for p in models[k][0].parameters()])
-            for k in ("hvd", "gloo"))
-    if not torch.allclose(a, b, rtol=0, atol=1e-5):
-        raise SystemExit(f"rank {rank}: DDP over hvd and over gloo trained different weights")
+
+    def weights(name):
+        state = models[name][0].state_dict()
+        return torch.cat([(v.full_tensor() if hasattr(v, "full_tensor") else v).reshape(-1)
+                          for v in state.values()])
+
+    if not torch.allclose(weights("hvd"), weights("gloo"), rtol=0, atol=1e-5):
+        raise SystemExit(f"rank {rank}: {kind} over hvd and over gloo trained different weights")
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = [g / h for g, h in zip(times["gloo"], times["hvd"])]
-    row = dict(op=f"ddp_step_mlp{w}", bytes=4 * 4 * (w * w + w), iters=args.ddp_steps,
+    row = dict(op=f"{kind}_step_mlp{w}", bytes=4 * 4 * (w * w + w), iters=args.ddp_steps,
                hvd_us=med["hvd"] * 1e6, gloo_us=med["gloo"] * 1e6, ratio=med["gloo"] / med["hvd"],
                ratio_min=min(ratios), ratio_max=max(ratios))
     if rank == 0:
-        print(f"DDP step, MLP 4x{w}x{w} ({row['bytes'] >> 20} MiB of gradients), batch 32: "
-              f"hvd {row['hvd_us'] / 1e3:.2f} ms, gloo {row['gloo_us'] / 1e3:.2f} ms, "
+        print(f"{kind.upper()} step, MLP 4x{w}x{w} ({row['bytes'] >> 20} MiB of gradients), "
+              f"batch 32: hvd {row['hvd_us'] / 1e3:.2f} ms, gloo {row['gloo_us'] / 1e3:.2f} ms, "
               f"gloo/hvd {row['ratio']:.2f} ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})",
               flush=True)
     return row
@@ -218,7 +238,8 @@ def worker(args):
                       f"{'  ' + format(row['ratio_min'], '.2f') + '-' + format(row['ratio_max'], '.2f'):>16}",
                       flush=True)
     if args.ddp_steps:
-        results.append(ddp_steps(torch, dist, groups, args, rank, n))
+        for kind in ("ddp", "fsdp"):
+            results.append(training_steps(kind, torch, dist, groups, args, rank, n))
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(dict(ranks=n, reps=args.reps, results=results), f, indent=1)
