@@ -525,6 +525,7 @@ class HvdBackend : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+    requireRunningEngine();
     const std::string name = nextName();
     const int64_t h = submitBarrier(process_set_, name);
     return launch(c10d::OpType::BARRIER, {}, [h] { waitHandle(h); });
@@ -543,6 +544,14 @@ class HvdBackend : public c10d::Backend {
  private:
   std::string nextName() { return "c10d." + group_name_ + "." + std::to_string(seq_++); }
 
+  // The group outlives the engine when hvd.shutdown() runs first: say so, on
+  // every rank, instead of the hvd ops' "call hvd.init() first".
+  void requireRunningEngine() const {
+    TORCH_CHECK(currentEngine() != nullptr, kPrefix, "the hvd engine of process group '",
+                group_name_, "' was shut down (hvd.shutdown()); call "
+                "dist.destroy_process_group() and create the group again");
+  }
+
   [[noreturn]] void pointToPoint(const char* what) {
     TORCH_CHECK_NOT_IMPLEMENTED(
         false, kPrefix, "dist.", what, " (point-to-point) is not supported: the hvd engine ",
@@ -556,6 +565,7 @@ class HvdBackend : public c10d::Backend {
   // engine's "mismatched operations" error instead of waiting forever.
   template <class Submit>
   c10::intrusive_ptr<c10d::Work> refusingOnError(const std::string& name, Submit submit) {
+    requireRunningEngine();
     try {
       return submit();
     } catch (const c10::Error&) {

@@ -408,7 +408,11 @@ def _starts_engine(tmp):
             tdist.all_reduce(t)
             u = hvd.allreduce(torch.ones(2) * rank, op=hvd.Sum)
             torch.testing.assert_close(t, u)
-            return t.tolist(), hvd.local_size()
+            result = t.tolist(), hvd.local_size()
+            hvd.shutdown()  # the group outlives the engine: a clear error, not a hang
+            with pytest.raises(RuntimeError, match="was shut down"):
+                tdist.all_reduce(t)
+            return result
         finally:
             tdist.destroy_process_group()
     finally:
