@@ -15,11 +15,13 @@
 // raise NotImplementedError naming the op.
 #include "c10d_backend.h"
 
+#include <pybind11/pybind11.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -531,6 +533,32 @@ class HvdBackend : public c10d::Backend {
     return launch(c10d::OpType::BARRIER, {}, [h] { waitHandle(h); });
   }
 
+  // destroy_process_group(), on the group over every rank: wait until every
+  // rank has come this far. The engine's process sets share rank 0's
+  // coordinator and every rank's engine, so a rank that finished early and
+  // shut its engine down (at exit) failed the collectives other ranks were
+  // still running in subgroups without it (a 2x2 DeviceMesh's HSDP: one pair
+  // gathering its full tensors while the other had exited). torch asks every
+  // rank to call destroy_process_group; one that never does holds the others
+  // for at most kShutdownWait, then they go on (with a warning).
+  void shutdown() override {
+    if (process_set_ != 0 || shut_down_ || currentEngine() == nullptr) return;
+    shut_down_ = true;
+    try {
+      auto work = barrier(c10d::BarrierOptions());
+      if (Py_IsInitialized() && PyGILState_Check()) {
+        pybind11::gil_scoped_release no_gil;
+        work->wait(kShutdownWait);
+      } else {
+        work->wait(kShutdownWait);
+      }
+    } catch (const std::exception& e) {
+      // A peer that died or already shut down: nothing left to wait for.
+      std::fprintf(stderr, "[hvd_torch] WARNING: %sdestroy_process_group's barrier: %s\n",
+                   kPrefix, e.what());
+    }
+  }
+
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>&, int, int) override {
     pointToPoint("send");
   }
@@ -676,6 +704,8 @@ class HvdBackend : public c10d::Backend {
   const std::vector<int64_t> global_ranks_;
   const std::string group_name_;
   std::atomic<uint64_t> seq_{0};
+  bool shut_down_ = false;
+  static constexpr std::chrono::milliseconds kShutdownWait{60000};
   Completer completer_;
 };
 

@@ -493,3 +493,47 @@ def _fsdp(tmp):
 def test_fsdp2_trains_like_the_unsharded_model_and_checkpoints(nranks, tmp_path):
     results = run_ranks(_fsdp, nranks, args=(str(tmp_path),), timeout=TIMEOUT)
     assert results[0] == results[-1] and len(results[0]) > 4
+
+
+def _hsdp(tmp):
+    """A 2x2 DeviceMesh (two subgroups per dimension, each an hvd process set): HSDP
+    (replicate over one dimension, shard over the other) trains as the unsharded model
+    on all 4 batches. The ranks of one pair finish before the other pair has gathered
+    its full tensors: destroy_process_group waits for every rank, so no engine shuts
+    down under the others' collectives."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist = _init("hvd", os.path.join(tmp, "store"))
+    try:
+        rank = dist.get_rank()
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("rep", "shard"))
+        groups = {name: dist.get_process_group_ranks(mesh.get_group(name))
+                  for name in ("rep", "shard")}
+        model, reference = _block(), _block()
+        for layer in model[0], model:
+            fully_shard(layer, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        batches = [torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(r))
+                   for r in range(4)]
+        for _ in range(2):
+            opt.zero_grad()
+            model(batches[rank]).pow(2).mean().backward()
+            opt.step()
+            ref_opt.zero_grad()
+            sum(reference(b).pow(2).mean() for b in batches).div(4).backward()
+            ref_opt.step()
+        trained = model.state_dict()
+        for k, v in reference.state_dict().items():
+            torch.testing.assert_close(trained[k].full_tensor(), v, rtol=0, atol=1e-5,
+                                       msg=lambda m: f"{k}: {m}")
+        return groups
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hsdp_on_a_2x2_device_mesh(tmp_path):
+    results = run_ranks(_hsdp, 4, args=(str(tmp_path),), timeout=TIMEOUT)
+    assert [r["rep"] for r in results] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert [r["shard"] for r in results] == [[0, 1], [0, 1], [2, 3], [2, 3]]
