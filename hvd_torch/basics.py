@@ -51,6 +51,14 @@ def init(comm=None, process_sets=None):
                              "objects or 'dynamic'")
     if _C.is_initialized():
         return
+    if _torchrun_launched():
+        # torchrun (or any launcher that sets only torch.distributed's variables):
+        # meet the other ranks through torch's TCPStore, which sets hvdrun's
+        # variables for this process (hvd_torch/distributed.py).
+        from hvd_torch import distributed
+
+        rank, size = _torchrun_rank_size()
+        distributed.rendezvous_env(distributed.torchrun_store(rank, size), rank, size)
     horovod_env.check()  # no HOROVOD_* variable is silently ignored
     log.configure()  # HOROVOD_LOG_LEVEL may have changed since import
     gpu.requested_operations()  # a bad HOROVOD_GPU_OPERATIONS fails before the rendezvous
@@ -63,9 +71,30 @@ def init(comm=None, process_sets=None):
     _C.init()
     gpu.configure()
     process_sets_module._after_init(process_sets)
+    _log_initialised()
+
+
+def _log_initialised():
     log.logger.info("rank %d of %d initialised (local rank %d of %d, host %d of %d)",
                     _C.rank(), _C.size(), _C.local_rank(), _C.local_size(), _C.cross_rank(),
                     _C.cross_size())
+
+
+def _torchrun_launched():
+    """torch.distributed's variables (RANK, WORLD_SIZE) without hvdrun's."""
+    return ("HOROVOD_RANK" not in os.environ and "HVD_TORCH_ELASTIC_WORKER_ID" not in os.environ
+            and "RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def _torchrun_rank_size():
+    try:
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except ValueError:
+        raise ValueError(f"hvd_torch.init(): RANK={os.environ['RANK']!r} and WORLD_SIZE="
+                         f"{os.environ['WORLD_SIZE']!r} must be integers") from None
+    if not 0 <= rank < size:
+        raise ValueError(f"hvd_torch.init(): RANK={rank} is not in [0, WORLD_SIZE={size})")
+    return rank, size
 
 
 def shutdown():

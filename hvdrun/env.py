@@ -60,6 +60,8 @@ def horovod_env(
     cross_size: int = 1,
     hostname: str | None = None,
     start_timeout: float | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
 ) -> dict[str, str]:
     """Only the variables we set.  local_rank/local_size default to rank/size
     (every rank on this machine).
@@ -92,6 +94,19 @@ def horovod_env(
         # block-buffers it and lines from a crashed rank are lost.
         "PYTHONUNBUFFERED": "1",
     }
+    # torch.distributed's names for the same facts (what torchrun sets), so a plain
+    # DDP script (init_process_group with env://) runs under hvdrun unchanged.
+    env.update({
+        "RANK": str(rank),
+        "WORLD_SIZE": str(size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size),
+        "GROUP_RANK": str(cross_rank),
+        "GROUP_WORLD_SIZE": str(cross_size),
+    })
+    if master_port is not None:
+        env["MASTER_ADDR"] = master_addr or store_host
+        env["MASTER_PORT"] = str(master_port)
     if start_timeout is not None:
         env["HOROVOD_START_TIMEOUT"] = f"{start_timeout:g}"
     return env

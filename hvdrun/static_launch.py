@@ -91,6 +91,10 @@ def _run(job: StaticJob, procs: Processes, received: list[int]) -> int:
         if job.verbose:
             note(f"store listening on {store.address}")
         infos = []
+        # torch.distributed's env:// rendezvous: rank 0 serves a TCPStore there.
+        first = job.placements[0]
+        master_addr = first.host if first.host in remote_hosts else store.host
+        master_port = _free_port()
         for p in job.placements:
             remote = p.host in remote_hosts
             env = horovod_env(
@@ -99,6 +103,7 @@ def _run(job: StaticJob, procs: Processes, received: list[int]) -> int:
                 cross_rank=p.cross_rank, cross_size=p.cross_size,
                 hostname=p.host if remote else socket.gethostname(),
                 start_timeout=job.start_timeout,
+                master_addr=master_addr, master_port=master_port,
             )  # fmt: skip
             if job.iface:
                 env["HOROVOD_GLOO_IFACE"] = job.iface
@@ -129,3 +134,11 @@ def _start_remote(procs: Processes, p: Placement, env: dict[str, str], job: Stat
     if job.verbose:
         note(f"rank {p.rank} on {p.host}: ssh {p.host} {subprocess.list2cmdline(job.command)}")
     procs.start(p.rank, argv, dict(os.environ), stdin=stdin)
+
+
+def _free_port() -> int:
+    """A TCP port free on this machine now (rank 0 binds it for torch.distributed's
+    TCPStore; on another host it is a guess, as torchrun's own --master-port is)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

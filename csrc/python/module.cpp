@@ -10,6 +10,7 @@
 #include "../torch/device_io.h"
 
 void registerEagerFastPath(pybind11::module& m);  // eager_fast_path.cpp
+void registerC10dBackend(pybind11::module& m);    // c10d_backend_module.cpp
 
 namespace {
 
@@ -50,6 +51,7 @@ void shutdown() {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hvd_torch engine lifecycle and topology";
   registerEagerFastPath(m);
+  registerC10dBackend(m);
   m.def("driven_ops", [] {
     auto engine = currentEngine();
     return engine ? engine->drivenOps() : uint64_t{0};

@@ -316,15 +316,26 @@ void bindSameShapeOutput(const at::Tensor& tensor, const EngineInput& in, bool i
 
 // Output whose row count the engine learns late (allgather, alltoall,
 // reducescatter): allocated on the background thread, read by synchronize.
-void bindRowsOutput(const EngineInput& in, Entry& e, Pending& p) {
+// `into` (adapter.h): used when the result has exactly its elements; the
+// caller holds it until the op completes.
+void bindRowsOutput(const EngineInput& in, Entry& e, Pending& p,
+                    const at::Tensor& into = at::Tensor()) {
   auto out = std::make_shared<at::Tensor>();
   const at::Tensor& input = in.tensor;
   std::vector<int64_t> row_shape(input.sizes().begin() + 1, input.sizes().end());
   e.input = input.data_ptr();
-  e.allocate = [out, row_shape, in](int64_t rows) {
+  at::Tensor target;
+  if (into.defined() && in.plane == Plane::kHost && into.device().is_cpu() &&
+      into.is_contiguous() && into.scalar_type() == input.scalar_type()) {
+    target = into;
+  }
+  e.allocate = [out, row_shape, in, target](int64_t rows) {
     std::vector<int64_t> shape{rows};
     shape.insert(shape.end(), row_shape.begin(), row_shape.end());
-    *out = engineEmpty(shape, in);
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    *out = target.defined() && target.numel() == numel ? target.view(shape)
+                                                        : engineEmpty(shape, in);
     return out->data_ptr();
   };
   e.keep_alive = std::make_shared<at::Tensor>(input);
@@ -385,7 +396,7 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::stri
 }
 
 int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
-                        int64_t process_set, const GroupTag* group) {
+                        int64_t process_set, const GroupTag* group, const at::Tensor& into) {
   auto engine = requireEngine("allgather");
   const std::string name = opName("allgather", user_name, process_set);
   checkMember(*engine, process_set, "allgather", name);
@@ -395,7 +406,7 @@ int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
   Entry e;
   Pending p;
   e.request = baseRequest(OpType::kAllgather, rows, dtype, name, process_set, group);
-  bindRowsOutput(takeInput(rows, dtype, "allgather", name, e, p), e, p);
+  bindRowsOutput(takeInput(rows, dtype, "allgather", name, e, p), e, p, into);
   return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
 }
 
@@ -422,7 +433,8 @@ int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_ra
 }
 
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
-                       const std::string& user_name, int64_t process_set) {
+                       const std::string& user_name, int64_t process_set,
+                       const at::Tensor& into) {
   auto engine = requireEngine("alltoall");
   const std::string name = opName("alltoall", user_name, process_set);
   const std::vector<int> members = requireMember(*engine, process_set, "alltoall", name);
@@ -458,14 +470,14 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
   Pending p;
   e.request = baseRequest(OpType::kAlltoall, tensor, dtype, name, process_set);
   e.request.splits = send;
-  bindRowsOutput(takeInput(tensor, dtype, "alltoall", name, e, p), e, p);
+  bindRowsOutput(takeInput(tensor, dtype, "alltoall", name, e, p), e, p, into);
   p.alltoall = true;
   return enqueue(*engine, std::move(e), std::move(p));
 }
 
 int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_name, int64_t op,
                             double prescale, double postscale, int64_t process_set,
-                            const GroupTag* group) {
+                            const GroupTag* group, const at::Tensor& into) {
   auto engine = requireEngine("reducescatter");
   const std::string name = opName("reducescatter", user_name, process_set);
   const std::vector<int> members = requireMember(*engine, process_set, "reducescatter", name);
@@ -485,7 +497,7 @@ int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_na
   e.request.reduce_op = static_cast<ReduceOp>(op);
   e.request.prescale = prescale;
   e.request.postscale = postscale;
-  bindRowsOutput(takeInput(tensor, dtype, "reducescatter", name, e, p), e, p);
+  bindRowsOutput(takeInput(tensor, dtype, "reducescatter", name, e, p), e, p, into);
   return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
 }
 
@@ -686,13 +698,13 @@ int64_t joinAndWait() {
   return done.work->firstDims().at(0);
 }
 
-int64_t submitBarrier(int64_t process_set) {
+int64_t submitBarrier(int64_t process_set, const std::string& name) {
   auto engine = requireEngine("barrier");
-  requireMember(*engine, process_set, "barrier", "");
+  requireMember(*engine, process_set, "barrier", name);
   Entry e;
   e.request.type = OpType::kBarrier;
   e.request.dtype = DataType::kUInt8;
-  e.request.name = opName("barrier", "", process_set);
+  e.request.name = opName("barrier", name, process_set);
   e.request.process_set = static_cast<int32_t>(process_set);
   Pending p;
   p.result = at::zeros({}, at::kLong);

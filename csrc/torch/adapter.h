@@ -96,16 +96,21 @@ struct GroupTag {
 int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::string& name,
                         int64_t op, double prescale, double postscale, int64_t process_set,
                         const GroupTag* group = nullptr);
+// `into` (allgather, reducescatter, alltoall): a contiguous host tensor of the
+// input's dtype that the engine writes the result into when the result has
+// exactly its number of elements (the c10d backend's caller-given outputs);
+// otherwise, or undefined, the engine allocates the output.
 int64_t submitAllgather(const at::Tensor& tensor, const std::string& name, int64_t process_set,
-                        const GroupTag* group = nullptr);
+                        const GroupTag* group = nullptr, const at::Tensor& into = at::Tensor());
 int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
                         const std::string& name, int64_t process_set);
-int64_t submitBarrier(int64_t process_set);
+// name: "" for an unnamed op's name (barrier.noname.<n>).
+int64_t submitBarrier(int64_t process_set, const std::string& name = "");
 // join(): blocks until every rank has joined; returns the last rank to join.
 int64_t joinAndWait();
 int64_t submitReducescatter(const at::Tensor& tensor, const std::string& name, int64_t op,
                             double prescale, double postscale, int64_t process_set,
-                            const GroupTag* group = nullptr);
+                            const GroupTag* group = nullptr, const at::Tensor& into = at::Tensor());
 
 // Grouped submission: member i is named "<name>.<i>" (or gets an unnamed op's
 // name); returns one handle per member.
@@ -122,7 +127,8 @@ c10::optional<std::vector<at::Tensor>> runBundle(at::TensorList tensors,
                                                  int64_t process_set);
 // splits: rows to send to each rank (undefined: an even split).
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
-                       const std::string& name, int64_t process_set);
+                       const std::string& name, int64_t process_set,
+                       const at::Tensor& into = at::Tensor());
 // Alltoall's result and the rows received from each rank (int32, like Horovod).
 std::tuple<at::Tensor, at::Tensor> waitAlltoall(int64_t handle);
 

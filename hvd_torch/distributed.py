@@ -1,0 +1,220 @@
+"""hvd-torch as a torch.distributed backend named "hvd" (docs/torch_distributed.md).
+
+Importing hvd_torch registers it::
+
+    import hvd_torch                      # or: import hvd_torch.distributed
+    dist.init_process_group("hvd")        # DDP, FSDP2, dist.all_reduce, ... on our engine
+
+One engine, two APIs: if hvd.init() has run, the process group uses its engine;
+otherwise creating the group starts it, meeting the other ranks through the store
+torch.distributed gives the backend (rank 0 serves hvd's rendezvous store and
+publishes its address and secret there). Destroying the group leaves the engine
+running: hvd.shutdown() (or the end of the process) stops it.
+
+hvd.init() under torchrun (RANK, WORLD_SIZE, ... and no HOROVOD_RANK) meets the
+other ranks the same way, through torch's TCPStore: torchrun's agent store when
+torchrun runs the job (TORCHELASTIC_USE_AGENT_STORE), else one that rank 0 serves on
+MASTER_PORT + 1 (MASTER_PORT itself stays free for init_process_group's env://).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import threading
+
+import torch
+import torch.distributed as dist
+
+from hvd_torch import _C
+
+__all__ = ["BACKEND"]
+
+BACKEND = "hvd"
+
+# Rank 0's rendezvous store servers, kept for the life of the process so that a
+# later hvd.init() (after hvd.shutdown()) meets the others again under a new scope.
+_servers = []
+_rendezvous_count = 0
+_lock = threading.Lock()
+
+
+def _route_address(toward: str) -> str:
+    """This host's address on the route to `toward` (a UDP connect sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((toward, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def _topology(store, rank: int, size: int, prefix: str) -> dict:
+    """local/cross rank and size: from torchrun's variables when it set them, else
+    from every rank's host name (ranks of one host share memory)."""
+    env = os.environ
+    if all(k in env for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")) and \
+            env.get("RANK") == str(rank) and env.get("WORLD_SIZE") == str(size):
+        local_size = int(env["LOCAL_WORLD_SIZE"])
+        return dict(local_rank=int(env["LOCAL_RANK"]), local_size=local_size,
+                    cross_rank=int(env["GROUP_RANK"]),
+                    cross_size=int(env.get("GROUP_WORLD_SIZE", size // max(local_size, 1))))
+    host = socket.gethostname()
+    store.set(f"{prefix}/host/{rank}", host)
+    hosts = [store.get(f"{prefix}/host/{r}").decode() for r in range(size)]
+    order = list(dict.fromkeys(hosts))  # hosts in order of their first rank
+    return dict(local_rank=[r for r in range(size) if hosts[r] == host].index(rank),
+                local_size=hosts.count(host), cross_rank=order.index(host),
+                cross_size=len(order))
+
+
+def rendezvous_env(store, rank: int, size: int) -> None:
+    """Sets hvdrun's variables (HOROVOD_RANK, the store's address, ...) in this
+    process's environment for rank `rank` of `size`, meeting the others through
+    `store` (a torch.distributed Store): rank 0 serves hvd's own store (the engine's
+    client speaks its protocol) and publishes where it listens and its secret.
+    hvd.init() then starts the engine."""
+    global _rendezvous_count
+    from hvdrun.env import horovod_env
+    from hvdrun.store_protocol import make_secret, secret_from_hex, secret_to_hex
+    from hvdrun.store_server import KVStoreServer
+
+    with _lock:
+        _rendezvous_count += 1
+        prefix = f"hvd_torch/rendezvous/{_rendezvous_count}"
+    topo = _topology(store, rank, size, prefix)
+    one_host = topo["cross_size"] == 1
+    if rank == 0:
+        if one_host:
+            server = KVStoreServer("127.0.0.1", 0, make_secret()).start()
+            address = "127.0.0.1"
+        else:
+            server = KVStoreServer("0.0.0.0", 0, make_secret()).start()
+            address = _route_address(os.environ.get("MASTER_ADDR", "8.8.8.8"))
+        _servers.append(server)
+        store.set(f"{prefix}/store", json.dumps(
+            {"host": address, "port": server.port, "secret": secret_to_hex(server.secret)}))
+    where = json.loads(store.get(f"{prefix}/store"))
+    env = horovod_env(rank, size, where["host"], where["port"], secret_from_hex(where["secret"]),
+                      **topo)
+    env.pop("PYTHONUNBUFFERED", None)  # a launcher's concern, not ours to change here
+    os.environ.update(env)
+
+
+def torchrun_store(rank: int, size: int):
+    """The torch Store hvd.init() meets the other ranks through under torchrun's
+    variables (see the module's docstring)."""
+    try:
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except (KeyError, ValueError) as e:
+        raise ValueError(
+            "hvd_torch.init(): RANK and WORLD_SIZE are set (torchrun's variables) but "
+            f"MASTER_ADDR/MASTER_PORT are not ({e}); launch with torchrun or hvdrun") from None
+    timeout = datetime.timedelta(seconds=float(os.environ.get("HOROVOD_START_TIMEOUT", 30)))
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = dist.TCPStore(addr, port, size, is_master=False, timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return dist.PrefixStore(f"hvd_torch/{attempt}/", store)
+    store = dist.TCPStore(addr, port + 1, size, is_master=(rank == 0), timeout=timeout)
+    _servers.append(store)  # rank 0 serves it until every rank has read the address
+    return store
+
+
+def _create_backend(options, backend_options):
+    """torch.distributed's creator for "hvd" (register_backend, extended API)."""
+    from hvd_torch import basics
+
+    rank, size = options.group_rank, options.group_size
+    ranks = list(options.global_ranks_in_group)
+    if not basics.is_initialized():
+        if ranks:
+            raise RuntimeError("hvd backend (torch.distributed): the hvd engine is not running "
+                               "(was hvd.shutdown() called?); re-create the default group")
+        if "HOROVOD_RANK" not in os.environ:  # hvdrun's (or the Ray driver's) rendezvous if set
+            rendezvous_env(options.store, rank, size)
+        basics.init()
+    world = basics.size()
+    process_set = 0
+    if not ranks:  # the default group: one rank of it per engine rank
+        if (rank, size) != (basics.rank(), world):
+            raise ValueError(
+                f"hvd backend (torch.distributed): init_process_group(rank={rank}, "
+                f"world_size={size}) disagrees with the running hvd engine (rank "
+                f"{basics.rank()} of {world}): the default group must be the engine's ranks")
+        ranks = list(range(world))
+    elif ranks != list(range(world)):
+        registered = _subgroup_sets.get(tuple(ranks))
+        if registered is None or registered.process_set_id is None:
+            raise NotImplementedError(
+                f"hvd backend (torch.distributed): no hvd process set for new_group(ranks="
+                f"{ranks}). A subgroup maps to an hvd process set, which every rank registers "
+                "together, so it needs new_group called on every rank with sorted ranks (the "
+                "default); use_local_synchronization=True or sort_ranks=False cannot be "
+                "supported. Alternatively use a Gloo group: dist.new_group(ranks, "
+                "backend=\"gloo\")")
+        process_set = registered.process_set_id
+    return _C.c10d_backend(rank, size, process_set, ranks, str(options.group_id))
+
+
+# new_group(ranks) on the "hvd" backend: torch creates a group's backend on its
+# members only, while an hvd process set is registered by every rank (a collective
+# over the global set). torch's new_group (and DeviceMesh, which calls it for every
+# subgroup on every rank) runs on every rank, so we register the set there, before
+# torch creates the group; the creator above then finds it. Sets are kept for the
+# engine's life and reused when the same ranks come again.
+_subgroup_sets = {}
+
+
+def _uses_hvd(backend) -> bool:
+    if backend is None:
+        return dist.is_initialized() and "hvd" in str(dist.get_backend())
+    return "hvd" in str(backend).lower()
+
+
+def _wrap_new_group_with_tag(original):
+    import functools
+    import inspect
+
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def _new_group_with_tag(*args, **kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            a = bound.arguments
+        except TypeError:
+            return original(*args, **kwargs)
+        ranks = a.get("ranks")
+        if (ranks and _uses_hvd(a.get("backend")) and not a.get("use_local_synchronization")
+                and a.get("sort_ranks", True)):
+            from hvd_torch import basics, process_sets
+
+            key = tuple(sorted(ranks))
+            if basics.is_initialized() and list(key) != list(range(basics.size())):
+                known = _subgroup_sets.get(key)
+                if known is None or known.process_set_id is None:
+                    _subgroup_sets[key] = process_sets.add_process_set(list(key))
+        return original(*args, **kwargs)
+
+    _new_group_with_tag._hvd_wrapped = True
+    return _new_group_with_tag
+
+
+def _register():
+    if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
+    from torch.distributed import distributed_c10d
+
+    original = getattr(distributed_c10d, "_new_group_with_tag", None)
+    if original is not None and not getattr(original, "_hvd_wrapped", False):
+        distributed_c10d._new_group_with_tag = _wrap_new_group_with_tag(original)
+
+
+if dist.is_available():
+    _register()
+
+del torch
