@@ -120,7 +120,8 @@ hvd.nccl_built())" 2>&1 | tee -a "$work/device.txt" || true
     python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
     phase gpu-tests 220 "${pytest[@]}" "${workers[@]}" --junitxml="$work/gpu-tests.xml" \
         ${GPU_TESTS:-tests/gpu/test_cuda_ops.py tests/gpu/test_cuda_training.py \
-        tests/gpu/test_cuda_sets_join.py tests/gpu/test_cuda_adasum.py tests/gpu/test_ray_gpu.py}
+        tests/gpu/test_cuda_sets_join.py tests/gpu/test_cuda_adasum.py tests/gpu/test_ray_gpu.py \
+        tests/gpu/test_c10d_cuda.py}
     phase bench 150 python3 bench/gpu_bench.py --json "$out/gpu_bench.json"
     phase digits-np1 45 python3 -m hvdrun -np 1 python3 examples/digits_train.py \
         --device cuda --epochs 3 --no-resume --checkpoint /tmp/digits1.pt
