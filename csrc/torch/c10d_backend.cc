@@ -175,7 +175,8 @@ Reduction reduction(const c10d::ReduceOp& r, const char* what, bool sum_or_avera
     case c10d::ReduceOp::SUM: return {1, 1.0};
     case c10d::ReduceOp::AVG: return {0, 1.0};
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto* factor = dynamic_cast<c10d::PreMulSumSupplement*>(r.supplement_.get());
+      // NCCLPreMulSumSupplement: torch 2.11's name, an alias of PreMulSumSupplement since.
+      auto* factor = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(r.supplement_.get());
       TORCH_CHECK_VALUE(factor != nullptr, kPrefix, what, ": ReduceOp.PREMUL_SUM without a factor");
       const double f = factor->tensor_factor.defined()
                            ? factor->tensor_factor.to(at::kCPU, at::kDouble).item<double>()
@@ -451,7 +452,8 @@ class HvdBackend : public c10d::Backend {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     for (size_t i = 0; i < inputs.size(); ++i)
       works.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));
-    return all(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, outputs, std::move(works));
+    // COALESCED: torch 2.11 has no REDUCE_SCATTER_TENSOR_COALESCED.
+    return all(c10d::OpType::COALESCED, outputs, std::move(works));
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
