@@ -433,8 +433,8 @@ TEST(a_stalled_rank_fails_the_job_after_the_shutdown_time_naming_it) {
   CHECK(s.code == Status::kPeerFailure);
   CHECK(s.message.find("'never' waited") != std::string::npos);
   CHECK(s.message.find("ranks [1]") != std::string::npos);
-  CHECK(took >= std::chrono::seconds(2));
-  CHECK(took < std::chrono::seconds(6));
+  CHECK(took >= std::chrono::seconds(2));  // not before the shutdown time
+  CHECK(took < std::chrono::seconds(30));  // and it ends: no hang (bound generous for load)
 }
 
 int main() { return check::runAll(); }
