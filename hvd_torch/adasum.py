@@ -67,9 +67,23 @@ def reduce(tensor: torch.Tensor, name: str, prescale: float, postscale: float,
     return reduce_many([tensor], name, prescale, postscale, process_set)[0]
 
 
-@torch.compiler.disable
+_eager_reduce_many = None
+
+
 def reduce_many(tensors, name: str, prescale: float, postscale: float,
                 process_set) -> list[torch.Tensor]:
+    """The Adasum of each tensor; never traced (torch.compile runs it eagerly)."""
+    global _eager_reduce_many
+    if _eager_reduce_many is None:
+        # Disabled on first use, not at import: torch.compiler.disable imports
+        # torch._dynamo (3.4 s on the test machine), which every rank process
+        # would pay at `import hvd_torch` whether it uses Adasum or not.
+        _eager_reduce_many = torch.compiler.disable(_reduce_many)
+    return _eager_reduce_many(tensors, name, prescale, postscale, process_set)
+
+
+def _reduce_many(tensors, name: str, prescale: float, postscale: float,
+                 process_set) -> list[torch.Tensor]:
     """The Adasum of each tensor (each its own tree: its own dot products),
     with one set of collectives for all tensors of a dtype and device."""
     for i, tensor in enumerate(tensors):
