@@ -2,6 +2,7 @@
 remote traceback, stop every worker, and leave an executor that starts again."""
 
 import os
+import re
 import time
 
 import pytest
@@ -30,7 +31,8 @@ def _settings(**kw):
 def _fail_on_rank_1():
     hvd.init()
     if hvd.rank() == 1:
-        raise ValueError("bad batch on rank 1")
+        # The wall clock is shared by every process on this machine.
+        raise ValueError(f"bad batch on rank 1, raised at {time.time():.3f}")
     # The other ranks wait in a collective rank 1 never joins.
     return hvd.allreduce(torch.ones(1), name="never").item()
 
@@ -43,13 +45,15 @@ def _sum():
 def test_exception_on_one_rank_raises_with_rank_host_traceback():
     executor = RayExecutor(_settings(), num_workers=3)
     executor.start()
-    started = time.monotonic()
     with pytest.raises(WorkerFailure) as info:
         executor.run(_fail_on_rank_1)
-    elapsed = time.monotonic() - started
+    caught = time.time()
     err = info.value
-    # Seconds, not the engine's stall timeout: the driver stopped the others.
-    assert elapsed < 20, elapsed
+    # Seconds from the raise, not the engine's stall timeout (900 s): the
+    # driver stopped the others. Timed from the raise, not from run(), so a
+    # loaded machine's slow imports and init do not count.
+    raised = float(re.search(r"raised at (\d+\.\d+)", str(err)).group(1))
+    assert caught - raised < 15, caught - raised
     assert err.rank == 1
     assert err.host == ray.util.get_node_ip_address()
     text = str(err)
@@ -58,7 +62,7 @@ def test_exception_on_one_rank_raises_with_rank_host_traceback():
     # The remote traceback points at the user's line.
     assert 'test_ray_failures.py", line' in err.remote_traceback
     assert "in _fail_on_rank_1" in err.remote_traceback
-    assert 'raise ValueError("bad batch on rank 1")' in err.remote_traceback
+    assert 'raise ValueError(f"bad batch on rank 1' in err.remote_traceback
     assert "every worker was stopped" in text
     with pytest.raises(RuntimeError, match="not started"):
         executor.run(_sum)
