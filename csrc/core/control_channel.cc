@@ -249,8 +249,8 @@ void ControlChannel::sayBye() {
   }
 }
 
-void ControlChannel::abortAll(const std::string& reason) {
-  const std::string abort = encodeAbort(reason);
+void ControlChannel::abortAll(const Status& status) {
+  const std::string abort = encodeAbort(status);
   for (auto& sock : workers_) {
     if (!sock) continue;
     try {
@@ -261,7 +261,7 @@ void ControlChannel::abortAll(const std::string& reason) {
   }
 }
 
-std::string ControlChannel::diagnosePeerFailure() {
+Status ControlChannel::diagnosePeerFailure() {
   // The data plane only says "connection reset"; the control plane knows who
   // died. Give it a moment to tell us, so the error names the rank.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -271,18 +271,19 @@ std::string ControlChannel::diagnosePeerFailure() {
       bool open = to_coordinator_->readAvailable(frames);
       for (const auto& f : frames) {
         CoordinatorFrame c = decodeCoordinatorFrame(f);
-        if (c.kind == CoordinatorFrame::kAbort) return c.reason;
+        if (c.kind == CoordinatorFrame::kAbort) return c.abort;
       }
-      if (!open) return "lost the control connection to rank 0 (the coordinator)";
+      if (!open) return Status::peerFailure("lost the control connection to rank 0 (the coordinator)");
     }
     for (int rank = 1; rank < static_cast<int>(workers_.size()); ++rank) {
       if (workers_[rank] && !workers_[rank]->readAvailable(frames)) {
-        return "rank " + std::to_string(rank) + " exited or lost its connection to the coordinator (rank 0)";
+        return Status::peerFailure("rank " + std::to_string(rank) +
+                                   " exited or lost its connection to the coordinator (rank 0)");
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return "";
+  return Status::Ok();
 }
 
 void ControlChannel::close() {

@@ -22,6 +22,7 @@
 #include "shm_segment.h"
 #include "store_client.h"
 #include "topology.h"
+#include "types.h"
 
 namespace hvd {
 
@@ -69,10 +70,12 @@ class ControlChannel {
   // fail now (best effort: a gone coordinator is no error here).
   void sayBye();
   // Rank 0, failing: tells every rank why, then goes quiet (best effort).
-  void abortAll(const std::string& reason);
+  void abortAll(const Status& status);
   // The data plane only says "connection reset"; the control channel knows
-  // who died. Waits up to two seconds for it to say; "" if it does not.
-  std::string diagnosePeerFailure();
+  // who died. Waits up to two seconds for it to say: rank 0's abort (with
+  // the kind rank 0 failed with) or a peer failure naming the rank; an ok
+  // status if it says nothing.
+  Status diagnosePeerFailure();
   // Closes every connection (the rings stay mapped until destruction).
   void close();
 

@@ -66,11 +66,16 @@ std::string encodeResponses(const std::vector<Response>& responses) {
   return std::move(w.buffer());
 }
 
-std::string encodeAbort(const std::string& reason) {
-  Writer w;
+std::string encodeAbort(const Status& status) {
+  Writer w;  // u8 kind, u8 status code, message
   w.put<uint8_t>(CoordinatorFrame::kAbort);
-  w.putString(reason);
+  w.put<uint8_t>(status.code);
+  w.putString(status.message);
   return std::move(w.buffer());
+}
+
+bool isAbortFrame(const std::string& frame) {
+  return !frame.empty() && static_cast<uint8_t>(frame[0]) == CoordinatorFrame::kAbort;
 }
 
 std::string encodeWelcome() {
@@ -98,10 +103,15 @@ CoordinatorFrame decodeCoordinatorFrame(const std::string& frame) {
       for (uint32_t i = 0; i < n; ++i) out.responses.push_back(Response::decode(r));
       return out;
     }
-    case CoordinatorFrame::kAbort:
+    case CoordinatorFrame::kAbort: {
       out.kind = CoordinatorFrame::kAbort;
-      out.reason = r.getString();
+      const uint8_t code = r.get<uint8_t>();
+      if (!isStatusCode(code) || code == Status::kOk)
+        throw WireError("abort frame with status code " + std::to_string(code));
+      out.abort.code = static_cast<Status::Code>(code);
+      out.abort.message = r.getString();
       return out;
+    }
     case CoordinatorFrame::kWelcome:
       out.kind = CoordinatorFrame::kWelcome;
       return out;

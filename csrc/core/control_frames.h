@@ -33,14 +33,16 @@ struct CoordinatorFrame {
   enum Kind : uint8_t { kResponses = 0, kAbort = 1, kWelcome = 2, kTunables = 3 };
   Kind kind = kResponses;
   std::vector<Response> responses;  // kResponses
-  std::string reason;               // kAbort: a rank is gone, fail everything
+  Status abort;                     // kAbort: fail everything with this status
   Tunables tunables;                // kTunables
 };
 std::string encodeResponses(const std::vector<Response>& responses);
-std::string encodeAbort(const std::string& reason);
+std::string encodeAbort(const Status& status);
 std::string encodeWelcome();
 std::string encodeTunables(const Tunables& tunables);
 CoordinatorFrame decodeCoordinatorFrame(const std::string& frame);
+// Without decoding it: is this rank 0's abort?
+bool isAbortFrame(const std::string& frame);
 
 // The handshake's first frame, rank -> coordinator: who it is and the job's secret.
 struct Hello {

@@ -163,10 +163,13 @@ bool Engine::cycle(bool background_thread) {
     } else {
       readCoordinator();
     }
+  } catch (const StatusError& e) {
+    fail(e.status);
   } catch (const InternalError& e) {
     fail(Status::internal(e.what()));
   } catch (const std::exception& e) {
-    fail(Status::peerFailure(e.what()));
+    // Transport failures arrive as StatusError: anything else is ours.
+    fail(Status::internal(std::string("internal: unexpected error: ") + e.what()));
   }
   std::lock_guard<std::mutex> lock(mu_);
   return broken_.ok();
@@ -279,7 +282,9 @@ void Engine::arrive(Arrival a, const Request* own) {
   const int rank = a.rank;
   std::string error = coordinator_->add(std::move(a));
   if (error.empty()) return;
-  if (own == nullptr) throw std::runtime_error("rank " + std::to_string(rank) + ": " + error);
+  // Another rank's submission the coordinator cannot answer: that rank checked
+  // it before sending, so the ranks' state disagrees (a bug, not a peer gone).
+  if (own == nullptr) throw InternalError("rank " + std::to_string(rank) + ": " + error);
   Response r;
   r.kind = Response::kError;
   r.names = {own->name};
@@ -296,14 +301,14 @@ void Engine::readWorkers() {
     for (const auto& frame : frames) {
       WorkerFrame f = decodeWorkerFrame(frame, rank);
       if (f.kind == WorkerFrame::kBye) {
-        throw std::runtime_error("rank " + std::to_string(rank) +
-                                 " called shutdown(); collectives that need it cannot complete");
+        throw transportFailure("rank " + std::to_string(rank) +
+                               " called shutdown(); collectives that need it cannot complete");
       }
       for (Arrival& a : f.arrivals) arrive(std::move(a), nullptr);
     }
     if (!open) {
-      throw std::runtime_error("rank " + std::to_string(rank) +
-                               " exited or lost its connection to the coordinator (rank 0)");
+      throw transportFailure("rank " + std::to_string(rank) +
+                             " exited or lost its connection to the coordinator (rank 0)");
     }
   }
   dispatch(coordinator_->takeReady());
@@ -312,9 +317,14 @@ void Engine::readWorkers() {
 void Engine::readCoordinator() {
   std::vector<std::string> frames;
   bool open = control_.readFromCoordinator(frames);
+  // Rank 0's abort is its last frame: known before the responses ahead of it
+  // run (see batch_abort_).
+  batch_abort_ = Status::Ok();
+  if (!frames.empty() && isAbortFrame(frames.back()))
+    batch_abort_ = decodeCoordinatorFrame(frames.back()).abort;
   for (const auto& frame : frames) {
     CoordinatorFrame f = decodeCoordinatorFrame(frame);
-    if (f.kind == CoordinatorFrame::kAbort) throw std::runtime_error(f.reason);
+    if (f.kind == CoordinatorFrame::kAbort) throw StatusError(f.abort);
     if (f.kind == CoordinatorFrame::kTunables) {
       // Rank 0's autotuner moved: from the next submission on, this rank
       // decides inline vs collective as rank 0 does.
@@ -325,8 +335,8 @@ void Engine::readCoordinator() {
     for (const Response& r : f.responses) run(r);
   }
   if (!open) {
-    throw std::runtime_error("lost the control connection to rank 0 (the coordinator): it exited, "
-                             "crashed or called shutdown()");
+    throw transportFailure("lost the control connection to rank 0 (the coordinator): it exited, "
+                           "crashed or called shutdown()");
   }
 }
 
@@ -446,7 +456,14 @@ void Engine::changeProcessSets(const Response& response, Entry& entry) {
     const int32_t id = static_cast<int32_t>(response.first_dims.at(0).at(0));
     const std::vector<int> ranks(entry.request.splits.begin(), entry.request.splits.end());
     process_sets_.add(id, ranks);
-    sets_.open(id, ranks);
+    try {
+      sets_.open(id, ranks);  // connects the set's data plane through the store
+    } catch (const InternalError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw transportFailure("add_process_set " + std::to_string(id) + " failed on rank " +
+                             std::to_string(topology_.rank) + ": " + e.what());
+    }
     entry.work->setFirstDims({id});
   } else if (response.type == OpType::kRemoveProcessSet) {
     const int32_t id = static_cast<int32_t>(entry.request.splits.at(0));
@@ -503,7 +520,7 @@ void Engine::run(const Response& response) {
   Status status;
   switch (response.kind) {
     case Response::kError:
-      status = Status::refused(response.error);
+      status = response.errorStatus();
       break;
     case Response::kInline:
       if (response.type == OpType::kReducescatter) {
@@ -541,11 +558,18 @@ void Engine::run(const Response& response) {
         if (std::shared_ptr<DeviceEvent> done = executor->memory().record()) {
           for (Entry* e : entries) e->work->setDeviceDone(done);
         }
+      } catch (const InternalError&) {
+        throw;  // the data plane's own invariant: a bug, whatever the peers do
       } catch (const std::exception& e) {
-        std::string why = control_.diagnosePeerFailure();
-        throw std::runtime_error(std::string(opTypeName(response.type)) + " '" + response.names[0] +
-                                 "' failed on rank " + std::to_string(topology_.rank) + ": " +
-                                 (why.empty() ? e.what() : why + " (" + e.what() + ")"));
+        // The data plane failed: a peer or the network is gone. The control
+        // plane may know which rank, or rank 0 may have said why (and with
+        // which kind: its own failure may have been a bug).
+        const Status why = batch_abort_.ok() ? control_.diagnosePeerFailure() : batch_abort_;
+        const std::string what = std::string(opTypeName(response.type)) + " '" +
+                                 response.names[0] + "' failed on rank " +
+                                 std::to_string(topology_.rank) + ": " +
+                                 (why.ok() ? e.what() : why.message + " (" + e.what() + ")");
+        throw StatusError({why.ok() ? Status::kPeerFailure : why.code, what});
       }
       break;
   }
@@ -587,7 +611,8 @@ void Engine::run(const Response& response) {
 void Engine::checkStalls() {
   if (!config_.stall_check) return;
   const auto verdict = stalls_.inspect(coordinator_->waiting(), std::chrono::steady_clock::now());
-  if (!verdict.fatal.empty()) throw std::runtime_error(verdict.fatal);  // every rank gets it
+  // A rank that never submits is, to the others, a peer that is gone.
+  if (!verdict.fatal.empty()) throw transportFailure(verdict.fatal);  // every rank gets it
   if (!verdict.warning.empty()) HVD_LOG(kWarning) << verdict.warning;
 }
 
@@ -602,7 +627,7 @@ void Engine::fail(const Status& status) {
   }
   // Tell the others before going quiet, so they fail now instead of at a timeout.
   if (coordinator_ && (status.code == Status::kPeerFailure || status.code == Status::kInternal)) {
-    control_.abortAll(status.message);
+    control_.abortAll(status);
   }
   // Device collectives waiting on a dead peer would spin on the GPU forever.
   if (status.code == Status::kPeerFailure) {

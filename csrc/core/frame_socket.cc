@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "types.h"
+
 namespace hvd {
 
 namespace {
@@ -71,7 +73,7 @@ void FrameSocket::ringDoorbell() {
   // A full socket buffer already holds doorbells the peer has not read.
   if (::send(fd_, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN &&
       errno != EWOULDBLOCK && errno != EINTR) {
-    throw std::runtime_error(std::string("control connection lost: ") + std::strerror(errno));
+    throw transportFailure(std::string("control connection lost: ") + std::strerror(errno));
   }
 }
 
@@ -96,7 +98,7 @@ void FrameSocket::flush() {
     } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       break;
     } else {
-      throw std::runtime_error(std::string("control connection lost: ") + std::strerror(errno));
+      throw transportFailure(std::string("control connection lost: ") + std::strerror(errno));
     }
   }
   outbox_.erase(0, off);
@@ -108,7 +110,7 @@ void FrameSocket::flushBlocking(std::chrono::milliseconds timeout) {
   while (out_ring_ != nullptr && !outbox_.empty()) {
     // The reader rings when it has made room; poll a little at a time anyway.
     if (std::chrono::steady_clock::now() >= deadline)
-      throw std::runtime_error("control connection stalled while sending");
+      throw transportFailure("control connection stalled while sending");
     pollfd p{fd_, POLLIN, 0};
     ::poll(&p, 1, 1);
     flush();
@@ -116,7 +118,7 @@ void FrameSocket::flushBlocking(std::chrono::milliseconds timeout) {
   while (wantsWrite()) {
     pollfd p{fd_, POLLOUT, 0};
     int ms = msUntil(deadline);
-    if (ms == 0) throw std::runtime_error("control connection stalled while sending");
+    if (ms == 0) throw transportFailure("control connection stalled while sending");
     ::poll(&p, 1, ms);
     flush();
   }

@@ -87,6 +87,7 @@ void Response::encode(Writer& w) const {
   }
   w.put<uint32_t>(static_cast<uint32_t>(cache_ids.size()));
   for (int32_t id : cache_ids) w.put<int32_t>(id);
+  w.put<uint8_t>(error_code);
   w.putString(error);
   w.putString(inline_result);
   w.put<int32_t>(contributors);
@@ -108,6 +109,9 @@ Response Response::decode(Reader& r) {
   }
   p.cache_ids.resize(r.getCount(sizeof(int32_t)));
   for (auto& id : p.cache_ids) id = r.get<int32_t>();
+  const uint8_t code = r.get<uint8_t>();
+  if (!isStatusCode(code)) throw WireError("unknown status code " + std::to_string(code));
+  p.error_code = static_cast<Status::Code>(code);
   p.error = r.getString();
   p.inline_result = r.getString();
   p.contributors = r.get<int32_t>();

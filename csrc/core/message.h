@@ -61,7 +61,7 @@ struct Response {
   enum Kind : uint8_t {
     kExecute = 0,  // run `type` over `names` (more than one name = fused)
     kInline = 1,   // allreduce done by the coordinator: `inline_result` holds the data
-    kError = 2,    // fail `names` with `error` (a caller's mistake, job goes on)
+    kError = 2,    // fail `names` with {error_code, error} (the job goes on)
     kDone = 3,     // nothing to move (barrier): complete `names`
   };
   Kind kind = kExecute;
@@ -75,6 +75,9 @@ struct Response {
   std::vector<std::vector<int64_t>> first_dims;
   // Cache slot the coordinator assigned to each name (-1 = not cached).
   std::vector<int32_t> cache_ids;
+  // kError: what went wrong and its kind; the coordinator's verdicts on what
+  // ranks submitted (mismatches, joined ranks) are the callers' mistakes.
+  Status::Code error_code = Status::kRefused;
   std::string error;
   std::string inline_result;
   // While some ranks have joined: the ranks that contribute (0 = all), which
@@ -82,6 +85,8 @@ struct Response {
   // part in the collective with zeros without having submitted it.
   int32_t contributors = 0;
   std::vector<Request> templates;
+
+  Status errorStatus() const { return {error_code, error}; }
 
   void encode(Writer& w) const;
   static Response decode(Reader& r);

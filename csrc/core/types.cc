@@ -87,4 +87,6 @@ bool isFloatingPoint(DataType dtype) {
          dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
 }
 
+bool isStatusCode(uint8_t code) { return code <= Status::kRefused; }
+
 }  // namespace hvd

@@ -106,4 +106,21 @@ struct InternalError : std::logic_error {
   using std::logic_error::logic_error;
 };
 
+// Thrown on the thread that holds the engine's baton by a failure whose kind
+// is known: a connection or a data plane that broke (transportFailure), or
+// rank 0's abort, which carries the kind rank 0 failed with. The engine fails
+// every pending op with `status`; any other exception there is a bug
+// (Status::kInternal), never taken for a dead peer.
+struct StatusError : std::runtime_error {
+  explicit StatusError(Status s) : std::runtime_error(s.message), status(std::move(s)) {}
+  Status status;
+};
+
+inline StatusError transportFailure(std::string msg) {
+  return StatusError(Status::peerFailure(std::move(msg)));
+}
+
+// A status code read off the wire: known codes only (a WireError otherwise).
+bool isStatusCode(uint8_t code);
+
 }  // namespace hvd

@@ -85,9 +85,15 @@ TEST(responses_round_trip_in_order) {
 }
 
 TEST(abort_welcome_and_tunables_round_trip) {
-  CoordinatorFrame abort = decodeCoordinatorFrame(encodeAbort("rank 2 exited"));
+  CoordinatorFrame abort = decodeCoordinatorFrame(encodeAbort(Status::peerFailure("rank 2 exited")));
   CHECK(abort.kind == CoordinatorFrame::kAbort);
-  CHECK_EQ(abort.reason, std::string("rank 2 exited"));
+  CHECK_EQ(abort.abort.code, Status::kPeerFailure);
+  CHECK_EQ(abort.abort.message, std::string("rank 2 exited"));
+  // Rank 0's bug reaches the other ranks as a bug, not as a dead peer.
+  CoordinatorFrame bug = decodeCoordinatorFrame(encodeAbort(Status::internal("internal: x")));
+  CHECK_EQ(bug.abort.code, Status::kInternal);
+  CHECK(isAbortFrame(encodeAbort(Status::internal("x"))));
+  CHECK(!isAbortFrame(encodeResponses({})) && !isAbortFrame(encodeWelcome()) && !isAbortFrame(""));
   CHECK(decodeCoordinatorFrame(encodeWelcome()).kind == CoordinatorFrame::kWelcome);
   Tunables t;
   t.fusion_threshold = (size_t{1} << 33) + 7;  // over 32 bits

@@ -145,14 +145,17 @@ struct Hub {
 
 class FakeBackend : public Backend {
  public:
-  FakeBackend(std::shared_ptr<Hub> hub, int rank, int fail_allreduce_at)
-      : hub_(std::move(hub)), rank_(rank), fail_at_(fail_allreduce_at) {}
+  // At its fail_allreduce_at-th allreduce the backend fails: as a broken
+  // connection, or (as_bug) as a broken invariant of its own.
+  FakeBackend(std::shared_ptr<Hub> hub, int rank, int fail_allreduce_at, bool as_bug)
+      : hub_(std::move(hub)), rank_(rank), fail_at_(fail_allreduce_at), as_bug_(as_bug) {}
   const char* name() const override { return "fake"; }
 
   void allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override {
     const size_t bytes = count * dataTypeSize(dtype);
     if (allreduces_++ == fail_at_) {
       hub_->fail("rank " + std::to_string(rank_) + "'s backend failed");
+      if (as_bug_) throw InternalError("fake backend bug on rank " + std::to_string(rank_));
       throw std::runtime_error("fake backend failure on rank " + std::to_string(rank_));
     }
     auto all = hub_->exchange(rank_, round_++, "allreduce",
@@ -188,6 +191,7 @@ class FakeBackend : public Backend {
   std::shared_ptr<Hub> hub_;
   const int rank_;
   const int fail_at_;
+  const bool as_bug_;
   int allreduces_ = 0;
   uint64_t round_ = 0;
 };
@@ -204,9 +208,10 @@ struct Job {
 };
 
 // Starts n in-process ranks; `tweak` adjusts each rank's config;
-// `fail_rank`'s backend throws at its `fail_at`-th allreduce.
+// `fail_rank`'s backend throws at its `fail_at`-th allreduce (InternalError
+// if `as_bug`, else a transport failure).
 std::unique_ptr<Job> startJob(int n, const std::function<void(EngineConfig&)>& tweak = nullptr,
-                              int fail_rank = -1, int fail_at = -1) {
+                              int fail_rank = -1, int fail_at = -1, bool as_bug = false) {
   auto job = std::make_unique<Job>();
   job->hub = std::make_shared<Hub>(n);
   job->engines.resize(n);
@@ -228,10 +233,11 @@ std::unique_ptr<Job> startJob(int n, const std::function<void(EngineConfig&)>& t
       c.inline_threshold = 0;  // every op through the backend unless a test says
       if (tweak) tweak(c);
       auto hub = job->hub;
-      BackendFactory make = [hub, fail_rank, fail_at](const Topology& topo, const EngineConfig&,
-                                                      StoreClient&, const std::string&) {
+      BackendFactory make = [hub, fail_rank, fail_at, as_bug](const Topology& topo,
+                                                              const EngineConfig&, StoreClient&,
+                                                              const std::string&) {
         return std::unique_ptr<Backend>(
-            new FakeBackend(hub, topo.rank, topo.rank == fail_rank ? fail_at : -1));
+            new FakeBackend(hub, topo.rank, topo.rank == fail_rank ? fail_at : -1, as_bug));
       };
       try {
         job->engines[r] = Engine::start(t, c, make, 1, nullptr, std::make_unique<MemoryStore>(store));
@@ -403,15 +409,22 @@ TEST(ranks_that_disagree_get_the_same_error_and_go_on) {
   }
 }
 
-TEST(a_failing_backend_fails_every_rank_as_a_peer_failure) {
-  auto job = startJob(3, nullptr, /*fail_rank=*/1, /*fail_at=*/1);
-  std::vector<Status> statuses(3);
-  onEveryRank(*job, [&](int r, Engine& e) {
+// Every rank runs an allreduce that succeeds, then "boom" (which a backend
+// set up to fail fails): each rank's status for "boom".
+std::vector<Status> okThenBoom(Job& job) {
+  std::vector<Status> statuses(job.engines.size());
+  onEveryRank(job, [&](int r, Engine& e) {
     auto first = allreduce(e, "ok", {1.f});
     CHECK(waitFor(*first).ok());
     auto second = allreduce(e, "boom", {1.f});
     statuses[r] = waitFor(*second);
   });
+  return statuses;
+}
+
+TEST(a_failing_backend_fails_every_rank_as_a_peer_failure) {
+  auto job = startJob(3, nullptr, /*fail_rank=*/1, /*fail_at=*/1);
+  const std::vector<Status> statuses = okThenBoom(*job);
   for (int r = 0; r < 3; ++r) {
     CHECK(statuses[r].code == Status::kPeerFailure);
     CHECK(!statuses[r].message.empty());
@@ -419,6 +432,28 @@ TEST(a_failing_backend_fails_every_rank_as_a_peer_failure) {
   // The job is broken: a later op fails at once with the same kind.
   auto later = allreduce(*job->engines[0], "later", {1.f});
   CHECK(waitFor(*later).code == Status::kPeerFailure);
+}
+
+// Three ranks; `buggy`'s backend breaks an invariant of its own in "boom".
+std::vector<Status> statusesWhenABackendHasABug(int buggy) {
+  auto job = startJob(3, nullptr, /*fail_rank=*/buggy, /*fail_at=*/1, /*as_bug=*/true);
+  return okThenBoom(*job);
+}
+
+TEST(a_bug_on_rank_0_reaches_every_rank_as_a_bug_not_a_dead_peer) {
+  // The others' data plane sees a reset; rank 0's abort tells them the kind.
+  const std::vector<Status> statuses = statusesWhenABackendHasABug(0);
+  for (int r = 0; r < 3; ++r) {
+    CHECK_EQ(statuses[r].code, Status::kInternal);
+    CHECK(statuses[r].message.find("fake backend bug on rank 0") != std::string::npos);
+  }
+}
+
+TEST(a_bug_on_another_rank_is_a_bug_there) {
+  const std::vector<Status> statuses = statusesWhenABackendHasABug(2);
+  CHECK_EQ(statuses[2].code, Status::kInternal);
+  CHECK(statuses[2].message.find("fake backend bug on rank 2") != std::string::npos);
+  for (int r = 0; r < 2; ++r) CHECK(!statuses[r].ok());  // and the job ends everywhere
 }
 
 TEST(a_stalled_rank_fails_the_job_after_the_shutdown_time_naming_it) {

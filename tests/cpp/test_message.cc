@@ -64,6 +64,7 @@ void checkSameResponse(const Response& a, const Response& b) {
   CHECK_EQ(a.names, b.names);
   CHECK_EQ(a.first_dims, b.first_dims);
   CHECK_EQ(a.cache_ids, b.cache_ids);
+  CHECK_EQ(a.error_code, b.error_code);
   CHECK_EQ(a.error, b.error);
   CHECK_EQ(a.inline_result, b.inline_result);
 }
@@ -269,6 +270,13 @@ TEST(response_round_trip_error_and_done) {
   e.cache_ids = {-1};
   e.error = "broadcast 'x': mismatched root ranks across ranks: rank 0 0, rank 1 1";
   checkSameResponse(decodeResponse(encode(e)), e);
+  CHECK_EQ(decodeResponse(encode(e)).errorStatus().code, Status::kRefused);  // the default
+  // The kind travels with the message: a failure the coordinator found in
+  // its own state is a bug, which no caller should retry.
+  e.error_code = Status::kInternal;
+  CHECK_EQ(decodeResponse(encode(e)).errorStatus().code, Status::kInternal);
+  e.error_code = Status::kInvalidArgument;
+  CHECK_EQ(decodeResponse(encode(e)).error_code, Status::kInvalidArgument);
 
   Response d;
   d.kind = Response::kDone;
@@ -278,6 +286,25 @@ TEST(response_round_trip_error_and_done) {
 
   Response empty;
   checkSameResponse(decodeResponse(encode(empty)), empty);
+}
+
+TEST(response_with_an_unknown_status_code_is_a_wire_error) {
+  Response e;
+  e.kind = Response::kError;
+  e.names = {"x"};
+  e.error = "bad";
+  std::string bytes = encode(e);
+  // The code sits right before the error string's u32 length and its bytes.
+  const size_t at = bytes.size() - e.inline_result.size() - 4 - 4 - 4 - e.error.size() - 4 - 1;
+  CHECK_EQ(static_cast<int>(static_cast<uint8_t>(bytes[at])), static_cast<int>(Status::kRefused));
+  bytes[at] = static_cast<char>(99);
+  bool threw = false;
+  try {
+    decodeResponse(bytes);
+  } catch (const WireError&) {
+    threw = true;
+  }
+  CHECK(threw);
 }
 
 TEST(several_messages_back_to_back_in_one_frame) {
