@@ -24,7 +24,7 @@ namespace hvd {
 
 struct Arrival {
   int rank = 0;
-  Request request;         // valid when cache_id < 0
+  Request request;         // valid when cache_id < 0 (Coordinator::requestOf)
   int32_t cache_id = -1;   // >= 0: "my request is slot cache_id"
   bool has_inline = false; // the rank sent its allreduce data with the request
   std::string inline_data;
@@ -95,6 +95,10 @@ class Coordinator {
   // An op some ranks joined before: "" when it can run without them, else why not.
   std::string refuseWhileJoined(const Request& q, const Pending& p) const;
 
+  // An arrived rank's request: its slot's when it named one (unchanged until
+  // this name is negotiated again, which needs this entry), else its own.
+  const Request& requestOf(const Pending& p, int rank) const;
+  bool isMember(const std::vector<int>& members, int rank) const;
   bool readyToRun(const Pending& p) const;
   void markReady(const std::string& name, const Pending& p);
 
