@@ -107,23 +107,34 @@ std::string Coordinator::add(Arrival arrival) {
       for (const auto& key : keys) failIfStranded(key);
     }
   }
-  // A slot keeps its name's key: no string is built per cached arrival.
+  // A slot keeps its name's key: no string is built per cached arrival, and
+  // once its op is in the table no lookup by name either (in_flight_: the
+  // hash and compare of the key were a third of a cached arrival's cost).
   std::string fresh_key;
   if (!slot) fresh_key = tableKey(arrival.request.process_set, arrival.request.name);
   const std::string& key = slot ? cache_.key(arrival.cache_id) : fresh_key;
-  auto found = table_.find(key);
+  Pending* known = slot && static_cast<size_t>(arrival.cache_id) < in_flight_.size()
+                       ? in_flight_[arrival.cache_id]
+                       : nullptr;
+  auto found = known ? table_.end() : table_.find(key);
+  if (found != table_.end()) known = &found->second;
   // The set's members are copied once per op, with its first arrival.
-  const bool member = found != table_.end()
-                          ? isMember(found->second.members, arrival.rank)
-                          : sets_.find(request().process_set, &members_scratch_) &&
-                                indexIn(members_scratch_, arrival.rank) >= 0;
+  const bool member = known ? isMember(known->members, arrival.rank)
+                            : sets_.find(request().process_set, &members_scratch_) &&
+                                  indexIn(members_scratch_, arrival.rank) >= 0;
   if (!member) {
     return "rank " + std::to_string(arrival.rank) + " submitted '" + request().name +
            "' on process set " + std::to_string(request().process_set) +
            ", which does not exist or does not contain it";
   }
-  if (found == table_.end()) found = insertPending(key);
-  Pending& p = found->second;
+  if (!known) known = &insertPending(key)->second;
+  Pending& p = *known;
+  if (slot && p.slot < 0) {
+    if (in_flight_.size() <= static_cast<size_t>(arrival.cache_id))
+      in_flight_.resize(arrival.cache_id + 1, nullptr);
+    in_flight_[arrival.cache_id] = &p;
+    p.slot = arrival.cache_id;
+  }
   if (p.count == 0) {
     const Request& q = request();
     p.name = q.name;
@@ -165,6 +176,12 @@ Coordinator::Table::iterator Coordinator::insertPending(const std::string& key) 
   spare_.pop_back();
   node.key() = key;
   return table_.insert(std::move(node)).position;
+}
+
+void Coordinator::forgetSlot(Pending& p) {
+  if (p.slot < 0) return;
+  in_flight_[p.slot] = nullptr;
+  p.slot = -1;
 }
 
 void Coordinator::recycle(Table::node_type node) {
@@ -209,6 +226,7 @@ bool Coordinator::failIfStranded(const std::string& key) {
             " did); every rank must finish its operations on a set before removing it";
   failed_.push_back(std::move(r));
   if (timeline_ && timeline_->active()) traceNegotiated(p);
+  forgetSlot(p);
   table_.erase(it);
   return true;
 }
@@ -220,6 +238,7 @@ std::vector<Response> Coordinator::takeReady() {
     // Out of the table first: a removal checks the table for the set's other ops.
     Table::node_type node = table_.extract(key);
     Pending& p = node.mapped();
+    forgetSlot(p);
     if (timeline_ && timeline_->active()) traceNegotiated(p);
     ops.push_back(negotiate(p));
     recycle(std::move(node));

@@ -82,6 +82,7 @@ class Coordinator {
     bool ready = false;
     std::chrono::steady_clock::time_point first_arrival;
     int last_rank = -1;  // the latest to arrive (timeline)
+    int32_t slot = -1;   // the cache slot that finds this entry in in_flight_
   };
   void traceArrival(const Pending& p, const Request& request, int rank);
   void traceNegotiated(const Pending& p);
@@ -120,6 +121,10 @@ class Coordinator {
   std::vector<int> members_scratch_;  // a new entry's members, swapped in
   Table::iterator insertPending(const std::string& key);
   void recycle(Table::node_type node);
+  // Slot id -> its name's entry while in table_ (null otherwise), so cached
+  // arrivals skip the lookup by name; table_'s nodes do not move while in it.
+  std::vector<Pending*> in_flight_;
+  void forgetSlot(Pending& p);  // before the entry leaves table_
   std::vector<std::string> ready_;  // keys in the order they completed
   // Grouped keys every rank submitted, held until the whole group has.
   std::unordered_map<std::string, std::vector<std::string>> groups_;
