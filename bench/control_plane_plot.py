@@ -44,7 +44,8 @@ def plot(results, labels, png):
     try:
         import matplotlib
     except ImportError:
-        print("matplotlib is not installed: no plot (make bench-setup installs it)", file=sys.stderr)
+        print("matplotlib is not installed: no plot (make bench-setup installs it)",
+              file=sys.stderr)
         return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -58,8 +59,10 @@ def plot(results, labels, png):
             ax.errorbar(ranks, mid, yerr=[[m - a for a, m in zip(lo, mid)],
                                           [b - m for b, m in zip(hi, mid)]],
                         fmt=style + "o", ms=3, capsize=2, color=color, label=f"{name}, {label}")
+        names = result["ops_per_step"]
         mem.plot(ranks, [statistics.median(p["bytes_per_rank"]) for p in result["points"]],
-                 style + "o", ms=3, color="tab:green", label=f"steady state ({len(ranks) and result['ops_per_step']} names), {label}")
+                 style + "o", ms=3, color="tab:green",
+                 label=f"steady state ({names} names), {label}")
         mem.plot(ranks, [statistics.median(p["slot_bytes_per_rank"]) for p in result["points"]],
                  style + "o", ms=3, color="tab:purple", label=f"each further slot, {label}")
     first = results[0]["points"][0]

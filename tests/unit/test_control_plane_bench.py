@@ -20,7 +20,8 @@ def test_control_plane_scale_runs(tmp_path):
     if shutil.which("g++") is None or shutil.which("make") is None:
         pytest.skip("needs g++ and make")
     build = subprocess.run(
-        ["make", "--no-print-directory", "-C", str(ROOT / "tests/cpp"), "build/control_plane_scale"],
+        ["make", "--no-print-directory", "-C", str(ROOT / "tests/cpp"),
+         "build/control_plane_scale"],
         capture_output=True, text=True, timeout=300, check=False)
     assert build.returncode == 0, build.stdout + build.stderr
     out = tmp_path / "scale.json"
