@@ -17,7 +17,7 @@ XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 # (`hvdrun -np 2 python ...`) and ranks start the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-fast bench bench-setup synthetic clean distclean
+.PHONY: setup demo test test-fast bench bench-setup bench-scale synthetic clean distclean
 
 setup:
 	bash scripts/setup.sh
@@ -55,6 +55,17 @@ BENCH_STAMP := $(shell date +%Y%m%d-%H%M%S)
 bench: bench-setup
 	python bench/collectives_bench.py -np $(NP) --mpi --mpi-args "$(BENCH_MPI_ARGS)" \
 		$(BENCH_ARGS) --json bench/results/$(BENCH_STAMP)-np$(NP).json
+
+# Issue #32's control-plane scale: rank 0's Coordinator, response cache and
+# fusion driven by N = 2..4096 simulated ranks in one process (bench/cpp, no
+# torch, no sockets; about a minute). Writes bench/results/<time>-control-plane.json
+# and its plot (.png, when matplotlib is installed: make bench-setup).
+SCALE_ARGS ?= --reps 5
+bench-scale:
+	$(MAKE) -C bench/cpp
+	mkdir -p bench/results
+	bench/cpp/build/control_plane_scale $(SCALE_ARGS) --json bench/results/$(BENCH_STAMP)-control-plane.json
+	python bench/control_plane_plot.py bench/results/$(BENCH_STAMP)-control-plane.json
 
 synthetic: setup
 	hvdrun -np $(NP) python examples/synthetic_benchmark.py

@@ -12,6 +12,11 @@ Coordinator::Coordinator(int size, size_t fusion_threshold, size_t cache_capacit
       cache_(cache_capacity) {}
 
 bool Coordinator::readyToRun(const Pending& p) const {
+  // Counted, not scanned, while no rank has joined: a scan per arrival made
+  // each op cost O(N^2) here (70 % of rank 0's time at 1024 simulated ranks,
+  // docs/control_plane_scale.md). Only members arrive, each once (add()).
+  if (p.count == static_cast<int>(p.members.size())) return true;
+  if (joined_count_ == 0) return false;
   for (int r : p.members)
     if (!p.arrived[r] && !joined_[r]) return false;
   return true;
@@ -20,7 +25,7 @@ bool Coordinator::readyToRun(const Pending& p) const {
 void Coordinator::markReady(const std::string& key, const Pending& p) {
   int first = 0;
   while (!p.arrived[first]) ++first;  // some rank has arrived: add() was called
-  const Request& q = p.by_rank[first].request;
+  const Request& q = requestOf(p, first);
   if (q.group.empty()) {
     ready_.push_back(key);
     return;
@@ -60,21 +65,39 @@ void Coordinator::join(int rank) {
   }
 }
 
+const Request& Coordinator::requestOf(const Pending& p, int rank) const {
+  const Arrival& a = p.by_rank[rank];
+  return a.cache_id >= 0 ? (*cache_.find(a.cache_id))[rank] : a.request;
+}
+
+bool Coordinator::isMember(const std::vector<int>& members, int rank) const {
+  // Members are distinct and ascending (changeProcessSets), so a set of size_
+  // is every rank: no search per arrival for the global set.
+  if (static_cast<int>(members.size()) == size_) return rank >= 0 && rank < size_;
+  return indexIn(members, rank) >= 0;
+}
+
 std::string Coordinator::add(Arrival arrival) {
-  // A cached arrival's request is its slot's, read in place: it is copied
-  // once, into the table entry, whose buffers a recycled entry already has.
-  const Request* slot_request = nullptr;
+  const std::vector<Request>* slot = nullptr;
   if (arrival.cache_id >= 0) {
-    const auto* slot = cache_.find(arrival.cache_id);
+    slot = cache_.find(arrival.cache_id);
     if (slot == nullptr) {
       return "internal: rank " + std::to_string(arrival.rank) + " named unknown cache slot " +
              std::to_string(arrival.cache_id);
     }
-    slot_request = &(*slot)[arrival.rank];
   }
-  const Request& request = slot_request ? *slot_request : arrival.request;
-  if (request.type == OpType::kRemoveProcessSet && !request.splits.empty()) {
-    const int32_t id = static_cast<int32_t>(request.splits[0]);
+  // A cached arrival's request stays in its slot (requestOf), read here only
+  // for an op's first arrival, an error or the timeline: a copy per arrival
+  // was a quarter of rank 0's time per cached op at 1024 simulated ranks, and
+  // a read per arrival (a cache miss: a slot holds N requests) over half of
+  // what remained (docs/control_plane_scale.md).
+  auto request = [&]() -> const Request& {
+    return slot ? (*slot)[arrival.rank] : arrival.request;
+  };
+  // A slot never holds a process-set change (negotiate() gives them none).
+  if (!slot && arrival.request.type == OpType::kRemoveProcessSet &&
+      !arrival.request.splits.empty()) {
+    const int32_t id = static_cast<int32_t>(arrival.request.splits[0]);
     std::vector<int> members;
     if (sets_.find(id, &members) && indexIn(members, arrival.rank) >= 0) {
       removing_[id].push_back(arrival.rank);
@@ -84,47 +107,60 @@ std::string Coordinator::add(Arrival arrival) {
       for (const auto& key : keys) failIfStranded(key);
     }
   }
-  const std::string& name = request.name;
-  const std::string key = tableKey(request.process_set, name);
-  auto found = table_.find(key);
+  // A slot keeps its name's key: no string is built per cached arrival, and
+  // once its op is in the table no lookup by name either (in_flight_: the
+  // hash and compare of the key were a third of a cached arrival's cost).
+  std::string fresh_key;
+  if (!slot) fresh_key = tableKey(arrival.request.process_set, arrival.request.name);
+  const std::string& key = slot ? cache_.key(arrival.cache_id) : fresh_key;
+  Pending* known = slot && static_cast<size_t>(arrival.cache_id) < in_flight_.size()
+                       ? in_flight_[arrival.cache_id]
+                       : nullptr;
+  auto found = known ? table_.end() : table_.find(key);
+  if (found != table_.end()) known = &found->second;
   // The set's members are copied once per op, with its first arrival.
-  const bool member = found != table_.end()
-                          ? indexIn(found->second.members, arrival.rank) >= 0
-                          : sets_.find(request.process_set, &members_scratch_) &&
-                                indexIn(members_scratch_, arrival.rank) >= 0;
+  const bool member = known ? isMember(known->members, arrival.rank)
+                            : sets_.find(request().process_set, &members_scratch_) &&
+                                  indexIn(members_scratch_, arrival.rank) >= 0;
   if (!member) {
-    return "rank " + std::to_string(arrival.rank) + " submitted '" + name +
-           "' on process set " + std::to_string(request.process_set) +
+    return "rank " + std::to_string(arrival.rank) + " submitted '" + request().name +
+           "' on process set " + std::to_string(request().process_set) +
            ", which does not exist or does not contain it";
   }
-  if (found == table_.end()) found = insertPending(key);
-  Pending& p = found->second;
+  if (!known) known = &insertPending(key)->second;
+  Pending& p = *known;
+  if (slot && p.slot < 0) {
+    if (in_flight_.size() <= static_cast<size_t>(arrival.cache_id))
+      in_flight_.resize(arrival.cache_id + 1, nullptr);
+    in_flight_[arrival.cache_id] = &p;
+    p.slot = arrival.cache_id;
+  }
   if (p.count == 0) {
-    p.name = name;
-    p.process_set = request.process_set;
-    p.type = request.type;
+    const Request& q = request();
+    p.name = q.name;
+    p.process_set = q.process_set;
+    p.type = q.type;
     p.members.swap(members_scratch_);
     p.by_rank.resize(size_);
     p.arrived.assign(size_, false);
     p.first_arrival = std::chrono::steady_clock::now();
   }
   if (p.arrived[arrival.rank]) {
-    return "an operation named '" + name + "' is already in flight on rank " +
+    return "an operation named '" + p.name + "' is already in flight on rank " +
            std::to_string(arrival.rank);
   }
   p.arrived[arrival.rank] = true;
   p.last_rank = arrival.rank;
-  if (timeline_ && timeline_->active()) traceArrival(p, request, arrival.rank);
+  if (timeline_ && timeline_->active()) traceArrival(p, request(), arrival.rank);
   Arrival& kept = p.by_rank[arrival.rank];
-  if (slot_request) {
-    kept.request = *slot_request;  // into the buffers a recycled entry kept
-  } else {
-    kept.request = std::move(arrival.request);
-  }
+  // A cached arrival leaves kept.request as it was (a recycled entry's old
+  // value), and one without data kept.inline_data: everything reads an
+  // arrival's request through requestOf(), and its data only when it has some.
+  if (!slot) kept.request = std::move(arrival.request);
   kept.rank = arrival.rank;
   kept.cache_id = arrival.cache_id;
   kept.has_inline = arrival.has_inline;
-  kept.inline_data.swap(arrival.inline_data);
+  if (arrival.has_inline) kept.inline_data.swap(arrival.inline_data);
   ++p.count;
   if (!removing_.empty() && failIfStranded(key)) return "";
   if (!p.ready && readyToRun(p)) {
@@ -140,6 +176,12 @@ Coordinator::Table::iterator Coordinator::insertPending(const std::string& key) 
   spare_.pop_back();
   node.key() = key;
   return table_.insert(std::move(node)).position;
+}
+
+void Coordinator::forgetSlot(Pending& p) {
+  if (p.slot < 0) return;
+  in_flight_[p.slot] = nullptr;
+  p.slot = -1;
 }
 
 void Coordinator::recycle(Table::node_type node) {
@@ -173,7 +215,7 @@ bool Coordinator::failIfStranded(const std::string& key) {
     if (p.arrived[r]) waiting.push_back(r);
   Response r;
   r.kind = Response::kError;
-  r.type = p.by_rank[waiting.at(0)].request.type;
+  r.type = requestOf(p, waiting.at(0)).type;
   r.names = {p.name};
   r.process_set = p.process_set;
   r.cache_ids = {-1};
@@ -184,6 +226,7 @@ bool Coordinator::failIfStranded(const std::string& key) {
             " did); every rank must finish its operations on a set before removing it";
   failed_.push_back(std::move(r));
   if (timeline_ && timeline_->active()) traceNegotiated(p);
+  forgetSlot(p);
   table_.erase(it);
   return true;
 }
@@ -195,6 +238,7 @@ std::vector<Response> Coordinator::takeReady() {
     // Out of the table first: a removal checks the table for the set's other ops.
     Table::node_type node = table_.extract(key);
     Pending& p = node.mapped();
+    forgetSlot(p);
     if (timeline_ && timeline_->active()) traceNegotiated(p);
     ops.push_back(negotiate(p));
     recycle(std::move(node));
@@ -248,12 +292,12 @@ ReadyOp Coordinator::negotiate(Pending& p) {
                     p.by_rank[rank].cache_id == lead.cache_id;
     all_inline = all_inline && (!p.arrived[rank] || p.by_rank[rank].has_inline);
   }
-  const OpType type = p.by_rank[p.last_rank].request.type;
+  const OpType type = requestOf(p, p.last_rank).type;
   all_inline = all_inline && reduces(type);
   if (all_same_slot && type != OpType::kAllgather && type != OpType::kAlltoall) {
     // The steady state (a slot validated when it was made, and no per-rank
-    // values to collect): no copies of the requests.
-    op.request = std::move(p.by_rank[p.members[0]].request);
+    // values to collect): one copy of one request, for fusion.
+    op.request = requestOf(p, p.members[0]);
     r.type = type;
     r.process_set = op.request.process_set;
     r.names.push_back(std::move(p.name));
@@ -272,7 +316,8 @@ ReadyOp Coordinator::negotiate(Pending& p) {
   ranks.reserve(p.members.size());
   for (int rank : p.members) {
     if (!p.arrived[rank]) continue;
-    reqs.push_back(std::move(p.by_rank[rank].request));  // read from reqs from here on
+    Arrival& a = p.by_rank[rank];  // read from reqs from here on
+    reqs.push_back(a.cache_id >= 0 ? requestOf(p, rank) : std::move(a.request));
     ranks.push_back(rank);
   }
   const std::string& name = reqs[0].name;

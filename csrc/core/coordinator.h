@@ -24,7 +24,7 @@ namespace hvd {
 
 struct Arrival {
   int rank = 0;
-  Request request;         // valid when cache_id < 0
+  Request request;         // valid when cache_id < 0 (Coordinator::requestOf)
   int32_t cache_id = -1;   // >= 0: "my request is slot cache_id"
   bool has_inline = false; // the rank sent its allreduce data with the request
   std::string inline_data;
@@ -82,6 +82,7 @@ class Coordinator {
     bool ready = false;
     std::chrono::steady_clock::time_point first_arrival;
     int last_rank = -1;  // the latest to arrive (timeline)
+    int32_t slot = -1;   // the cache slot that finds this entry in in_flight_
   };
   void traceArrival(const Pending& p, const Request& request, int rank);
   void traceNegotiated(const Pending& p);
@@ -95,6 +96,10 @@ class Coordinator {
   // An op some ranks joined before: "" when it can run without them, else why not.
   std::string refuseWhileJoined(const Request& q, const Pending& p) const;
 
+  // An arrived rank's request: its slot's when it named one (unchanged until
+  // this name is negotiated again, which needs this entry), else its own.
+  const Request& requestOf(const Pending& p, int rank) const;
+  bool isMember(const std::vector<int>& members, int rank) const;
   bool readyToRun(const Pending& p) const;
   void markReady(const std::string& name, const Pending& p);
 
@@ -116,6 +121,10 @@ class Coordinator {
   std::vector<int> members_scratch_;  // a new entry's members, swapped in
   Table::iterator insertPending(const std::string& key);
   void recycle(Table::node_type node);
+  // Slot id -> its name's entry while in table_ (null otherwise), so cached
+  // arrivals skip the lookup by name; table_'s nodes do not move while in it.
+  std::vector<Pending*> in_flight_;
+  void forgetSlot(Pending& p);  // before the entry leaves table_
   std::vector<std::string> ready_;  // keys in the order they completed
   // Grouped keys every rank submitted, held until the whole group has.
   std::unordered_map<std::string, std::vector<std::string>> groups_;

@@ -10,6 +10,7 @@ int32_t CoordinatorCache::insert(const std::string& key, std::vector<Request> pe
   }
   if (slots_.size() >= capacity_) return -1;
   slots_.push_back(std::move(per_rank));
+  keys_.push_back(key);
   const int32_t id = static_cast<int32_t>(slots_.size() - 1);
   by_key_.emplace(key, id);
   return id;

@@ -33,11 +33,14 @@ class CoordinatorCache {
   int32_t insert(const std::string& key, std::vector<Request> per_rank);
   // nullptr when `id` was never assigned.
   const std::vector<Request>* find(int32_t id) const;
+  // The key an assigned slot was inserted under (the coordinator's table key).
+  const std::string& key(int32_t id) const { return keys_[id]; }
   size_t size() const { return slots_.size(); }
 
  private:
   size_t capacity_;
   std::vector<std::vector<Request>> slots_;
+  std::vector<std::string> keys_;  // by slot id
   std::unordered_map<std::string, int32_t> by_key_;
 };
 

@@ -524,6 +524,37 @@ TEST(cache_mixed_slot_and_full_request_is_validated) {
   CHECK(contains(out[0].error, "rank 1 [9]"));
 }
 
+TEST(cached_arrivals_read_their_own_slot_in_a_recycled_entry) {
+  // A cached arrival's request stays in its slot (Coordinator::requestOf);
+  // the table entry it lands in was another name's, whose requests it still
+  // holds. Allgathers read every rank's request: each must be its slot's.
+  Coordinator c(3, kNoFusion, 16);
+  for (const char* name : {"x", "y"}) {
+    const int64_t base = name[0] == 'x' ? 1 : 7;
+    for (int r = 0; r < 3; ++r)
+      c.add(arrive(r, req(name, {base + r, 2}, DataType::kFloat32, OpType::kAllgather)));
+    c.takeReady();
+  }
+  for (int32_t slot : {1, 0}) {
+    for (int r : {2, 0, 1}) CHECK_EQ(c.add(cached(r, slot)), "");
+    std::vector<Response> out = c.takeReady();
+    if (!CHECK_EQ(out.size(), 1u)) return;
+    CHECK_EQ(out[0].names, (std::vector<std::string>{slot == 0 ? "x" : "y"}));
+    CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{slot}));
+    CHECK_EQ(out[0].first_dims,
+             (std::vector<std::vector<int64_t>>{slot == 0 ? std::vector<int64_t>{1, 2, 3}
+                                                          : std::vector<int64_t>{7, 8, 9}}));
+  }
+  // With a rank joined, readiness is scanned, not counted: two cached
+  // arrivals complete the op, and the joined rank gives no rows.
+  c.join(2);
+  for (int r : {1, 0}) CHECK_EQ(c.add(cached(r, 0)), "");
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kExecute);
+  CHECK_EQ(out[0].first_dims, (std::vector<std::vector<int64_t>>{{1, 2, 0}}));
+}
+
 TEST(unknown_cache_slot_is_an_error) {
   Coordinator c(2, kNoFusion, 16);
   std::string err = c.add(cached(1, 7));
@@ -691,6 +722,30 @@ TEST(one_name_in_two_process_sets_are_two_ops) {
   CHECK(out[0].process_set != out[1].process_set);
 }
 
+namespace {
+
+// Negotiates `name` on set `id` in full from its `members`; returns its slot.
+int32_t slotOnSet(Coordinator& c, int32_t id, const char* name, const std::vector<int>& members) {
+  Request q = req(name);
+  q.process_set = id;
+  for (int r : members) c.add(arrive(r, q));
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return -1;
+  return out[0].cache_ids.at(0);
+}
+
+}  // namespace
+
+TEST(cached_arrival_from_outside_the_slots_process_set_is_refused) {
+  Coordinator c(3, kNoFusion, 16);
+  const int32_t slot = slotOnSet(c, addSet(c, 3, {0, 2}, "add.0"), "t", {0, 2});
+  CHECK_EQ(c.add(cached(0, slot)), "");
+  CHECK(contains(c.add(cached(1, slot)), "does not contain it"));
+  CHECK_EQ(c.add(cached(2, slot)), "");
+  std::vector<Response> out = c.takeReady();
+  if (CHECK_EQ(out.size(), 1u)) CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{slot}));
+}
+
 TEST(arrival_from_outside_the_process_set_is_refused) {
   Coordinator c(3, kNoFusion, 16);
   const int32_t id = addSet(c, 3, {0, 2}, "add.0");
@@ -715,6 +770,29 @@ TEST(add_process_set_errors_name_the_ranks) {
   r = negotiateOne(2, req("add", {}, DataType::kUInt8, OpType::kAddProcessSet),
                    [](int, Request& q) { q.splits = {0, 1}; });
   CHECK(contains(r.error, "process set 0 already has ranks [0, 1]"));
+}
+
+TEST(a_cached_op_failed_by_a_removal_leaves_no_entry_for_its_slot) {
+  // A cached op's entry is found by its slot while in the table; failing it
+  // (a member asked to remove the set) takes it out, and the slot's next
+  // arrival must make a new entry, which fails the same way.
+  Coordinator d(3, kNoFusion, 16);
+  const int32_t pair = addSet(d, 3, {0, 1}, "add.0");
+  const int32_t slot = slotOnSet(d, pair, "step", {0, 1});
+  CHECK_EQ(d.add(cached(0, slot)), "");
+  Request rm = req("rm", {}, DataType::kUInt8, OpType::kRemoveProcessSet);
+  rm.splits = {pair};
+  CHECK_EQ(d.add(arrive(1, rm)), "");
+  std::vector<Response> out = d.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kError);
+  CHECK_EQ(d.add(cached(0, slot)), "");
+  out = d.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kError);
+  CHECK_EQ(out[0].names, std::vector<std::string>{"step"});
+  const auto waiting = d.waiting();  // only the removal, for rank 0's request
+  if (CHECK_EQ(waiting.size(), 1u)) CHECK_EQ(waiting[0].name, std::string("rm"));
 }
 
 // A rank that asks to remove a set blocks until every rank asks too, so an op

@@ -1,0 +1,38 @@
+"""The control-plane scale bench (bench/cpp/control_plane_scale.cc, `make bench-scale`)
+still builds against the engine and runs: N = 2..64 simulated ranks, few iterations.
+The binary checks every response it gets while it measures and exits non-zero on a
+wrong one; here only the shape of its JSON is checked, never a time."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# A make subprocess in tests/cpp's build folder, shared with test_cpp_units.py
+# (its libcore.a): the "cpp" marker keeps them on one xdist worker.
+pytestmark = pytest.mark.cpp
+
+
+def test_control_plane_scale_runs(tmp_path):
+    if shutil.which("g++") is None or shutil.which("make") is None:
+        pytest.skip("needs g++ and make")
+    build = subprocess.run(
+        ["make", "--no-print-directory", "-C", str(ROOT / "tests/cpp"),
+         "build/control_plane_scale"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert build.returncode == 0, build.stdout + build.stderr
+    out = tmp_path / "scale.json"
+    run = subprocess.run(
+        [str(ROOT / "tests/cpp/build/control_plane_scale"), "--max-ranks", "64", "--reps", "2",
+         "--arrivals", "2000", "--new-arrivals", "500", "--json", str(out)],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    points = json.loads(out.read_text())["points"]
+    assert [p["ranks"] for p in points] == [2, 4, 8, 16, 32, 64]
+    for p in points:
+        for key in ("cached_us_per_op", "new_us_per_op", "bytes_per_rank", "slot_bytes_per_rank"):
+            assert len(p[key]) == 2 and all(v > 0 for v in p[key]), (p["ranks"], key, p[key])
+    assert "    64  " in run.stdout, run.stdout  # the table's last row
