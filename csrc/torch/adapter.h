@@ -65,7 +65,7 @@ struct Pending {
 // in the one table; an unknown handle is a ValueError naming the op.
 // `blocking`: the caller waits for it on this thread right after
 // (SubmitThenWait): it may take the thread's slot (kThisThreadsOp).
-int64_t addHandle(Pending pending, HandleKind kind, bool blocking);
+int64_t addHandle(Pending&& pending, HandleKind kind, bool blocking);
 // Any kind; a group is done when every member is.
 bool pollHandle(int64_t handle);
 HandleKind handleKind(int64_t handle);

@@ -39,7 +39,9 @@ class HandleTable {
   // count from 1, so they never meet it.
   static constexpr int64_t kThisThreadsOp = 0;
 
-  int64_t add(Op op, HandleKind kind = HandleKind::kSingle) {
+  // Ops come by rvalue: a Pending is a dozen members, and a blocking op's
+  // path moves it once, from the kernel into the table.
+  int64_t add(Op&& op, HandleKind kind = HandleKind::kSingle) {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t h = next_++;
     Record& r = records_[h];
@@ -52,7 +54,7 @@ class HandleTable {
   // a thread-local slot, skipping the lock, the node and two lookups (most of
   // a 4-byte allreduce's table cost). When the slot is taken (a blocking op
   // submitted inside another's wait), the op goes to the map.
-  int64_t addBlocking(Op op, HandleKind kind) {
+  int64_t addBlocking(Op&& op, HandleKind kind) {
     Slot& s = slot();
     if (s.used) return add(std::move(op), kind);
     s.used = true;
@@ -119,8 +121,7 @@ class HandleTable {
     if (h == kThisThreadsOp) {
       Slot& s = slot();
       if (!s.used) return false;
-      *out = std::move(s.record);
-      s.record = Record();
+      *out = std::move(s.record);  // the moved-from record waits for the next op
       s.used = false;
       return true;
     }

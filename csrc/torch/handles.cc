@@ -69,7 +69,7 @@ at::Tensor receivedRows(const Work& work) {
 
 }  // namespace
 
-int64_t addHandle(Pending pending, HandleKind kind, bool blocking) {
+int64_t addHandle(Pending&& pending, HandleKind kind, bool blocking) {
   return blocking ? table.addBlocking(std::move(pending), kind)
                   : table.add(std::move(pending), kind);
 }

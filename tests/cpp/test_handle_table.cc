@@ -58,7 +58,7 @@ TEST(unknown_handles_are_refused_by_every_lookup) {
 TEST(poll_follows_the_work) {
   Table t;
   FakeOp o = op(1);
-  const int64_t h = t.add(o);
+  const int64_t h = t.add(FakeOp(o));
   bool done = true;
   CHECK(t.poll(h, &done));
   CHECK(!done);
@@ -72,7 +72,7 @@ TEST(a_group_takes_its_members_in_order_under_one_handle) {
   Table t;
   std::vector<FakeOp> ops{op(10), op(11), op(12)};
   std::vector<int64_t> members;
-  for (const FakeOp& o : ops) members.push_back(t.add(o));
+  for (const FakeOp& o : ops) members.push_back(t.add(FakeOp(o)));
   const int64_t other = t.add(op(99));
   int64_t g = 0;
   CHECK(t.group(members, &g));
@@ -96,7 +96,7 @@ TEST(a_group_is_done_when_every_member_is) {
   Table t;
   std::vector<FakeOp> ops{op(0), op(1), op(2)};
   std::vector<int64_t> members;
-  for (const FakeOp& o : ops) members.push_back(t.add(o));
+  for (const FakeOp& o : ops) members.push_back(t.add(FakeOp(o)));
   int64_t g = 0;
   CHECK(t.group(members, &g));
   bool done = true;
