@@ -39,7 +39,7 @@ import typing
 import torch
 from torch.distributed import DistNetworkError
 
-from hvd_torch import _C
+from hvd_torch import _C, handles
 from hvd_torch.basics import Sum
 from hvd_torch.exceptions import HorovodInternalError
 
@@ -159,15 +159,20 @@ def allreduce(tensor, name, prescale, postscale, process_set) -> torch.Tensor:
     return reduce(tensor, base, prescale, postscale, process_set)
 
 
-class Handle:
-    """What allreduce_async(op=Adasum) returns: the work is done when the call
-    returns (each level waits for the partner's half), so poll() is True."""
+class Handle(handles.Handle):
+    """What allreduce_async(op=Adasum) and grouped_allreduce_async(op=Adasum)
+    return: the work is done when the call returns (each level waits for the
+    partner's half), so poll() is True and synchronize() returns the result
+    (a tensor, or a group's list)."""
 
-    def __init__(self, result: torch.Tensor):
+    def __init__(self, result):
         self.result = result
 
     def poll(self) -> bool:
         return True
+
+    def synchronize(self):
+        return self.result
 
 
 class _Layout(typing.NamedTuple):

@@ -2,11 +2,10 @@
 
 A group either runs completely or fails completely (one member's mismatch fails
 all of them, on every rank). Member i of a group named N is named "N.<i>".
-Async forms return one handle for the group; synchronize() returns the list of
-outputs, poll() is true once every member is done.
+Async forms return one int handle for the group (the members' handles merged
+in the engine's handle table, csrc/torch/handle_table.h); synchronize() returns
+the list of outputs, poll() is true once every member is done.
 """
-
-import itertools
 
 import torch
 
@@ -18,36 +17,8 @@ from hvd_torch.ops import _is_compiling, _ps, _resolve_op, _translate_errors, gl
 
 _ops = torch.ops.hvd_torch
 
-# Group handles are negative, so they never collide with the engine's handles.
-_next_group_handle = itertools.count(-1, -1)
-_groups = {}
-
-
-def _group_handle(members):
-    handle = next(_next_group_handle)
-    _groups[handle] = members
-    return handle
-
-
-def is_group_handle(handle):
-    return handle in _groups
-
-
-def poll_group(handle):
-    return all(_ops.poll(h) for h in _groups[handle])
-
-
-def synchronize_group(handle):
-    members = _groups.pop(handle)
-    outputs, first_error = [], None
-    for h in members:  # wait for all, then raise the first error
-        try:
-            outputs.append(_ops.synchronize(h))
-        except (RuntimeError, ValueError) as e:  # ValueError: a caller's mistake
-            first_error = first_error or e
-    if first_error is not None:
-        raise first_error
-    return outputs
+# A grouped op's member handles as the one handle Horovod returns.
+_group = _C.group_handles
 
 
 def _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
@@ -111,7 +82,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     outs = _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
     if outs is not None:
         return adasum.Handle(outs)
-    return _group_handle(_ops.grouped_allreduce_async(
+    return _group(_ops.grouped_allreduce_async(
         list(tensors), name or "", *_args(average, op, prescale_factor, postscale_factor,
                                           process_set)))
 
@@ -121,7 +92,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                              postscale_factor=1.0, process_set=global_process_set):
     if _adasum_into(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
         return adasum.Handle(list(tensors))
-    return _group_handle(_ops.grouped_allreduce_async_(
+    return _group(_ops.grouped_allreduce_async_(
         list(tensors), name or "", *_args(average, op, prescale_factor, postscale_factor,
                                           process_set)))
 
@@ -134,7 +105,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 @_translate_errors
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    return _group_handle(_ops.grouped_allgather_async(list(tensors), name or "",
+    return _group(_ops.grouped_allgather_async(list(tensors), name or "",
                                                       _ps(process_set)))
 
 
@@ -153,6 +124,6 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 @_translate_errors
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    return _group_handle(_ops.grouped_reducescatter_async(
+    return _group(_ops.grouped_reducescatter_async(
         list(tensors), name or "", op, float(prescale_factor), float(postscale_factor),
         _ps(process_set)))

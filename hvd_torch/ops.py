@@ -16,6 +16,7 @@ from hvd_torch import adasum
 from hvd_torch.basics import Adasum, Average, Sum
 from hvd_torch.compression import Compression
 from hvd_torch.exceptions import HorovodInternalError
+from hvd_torch.handles import Handle, synchronize_through_ops
 from hvd_torch.process_sets import global_process_set, process_set_id
 
 _ops = torch.ops.hvd_torch
@@ -228,18 +229,18 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     return _SparseHandle(indices, values, tensor.size(), op, process_set)
 
 
-class _SparseHandle:
-    """What sparse_allreduce_async returns; poll()/synchronize() take it, and
-    calling it (Horovod's handle is a function) synchronizes too."""
+class _SparseHandle(Handle):
+    """What sparse_allreduce_async returns: the indices' and the values'
+    allgathers, summed when the result is coalesced."""
 
     def __init__(self, indices, values, size, op, process_set):
         self._handles = (indices, values)
         self._size, self._op, self._process_set = size, op, process_set
 
     def poll(self):
-        return all(_ops.poll(h) for h in self._handles)
+        return all(poll(h) for h in self._handles)
 
-    def __call__(self):
+    def synchronize(self):
         values = synchronize(self._handles[1])  # values first, as Horovod does
         indices = synchronize(self._handles[0])
         if self._op == Average:
@@ -254,16 +255,10 @@ def _splits(splits):
     return torch.tensor(list(splits), dtype=torch.int32)
 
 
-# Handles of async alltoalls: synchronize() returns (output, received_splits) for them.
-_alltoall_handles = set()
-
-
 @_translate_errors
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; synchronize(handle) returns (output, received_splits)."""
-    handle = _ops.alltoall_async(tensor, _splits(splits), name or "", _ps(process_set))
-    _alltoall_handles.add(handle)
-    return handle
+    return _ops.alltoall_async(tensor, _splits(splits), name or "", _ps(process_set))
 
 
 @_translate_errors
@@ -302,24 +297,20 @@ def join(device=-1):
 @_translate_errors
 def poll(handle):
     """True once the async operation behind `handle` has finished."""
-    if type(handle) is int and handle > 0 and not _is_compiling():  # group handles are < 0
+    if type(handle) is int and not _is_compiling():  # an engine handle, of any kind
         return _eager_poll(handle)
-    from hvd_torch import grouped
-
-    if grouped.is_group_handle(handle):
-        return grouped.poll_group(handle)
-    if isinstance(handle, (_SparseHandle, adasum.Handle)):
+    if isinstance(handle, Handle):
         return handle.poll()
     return _ops.poll(handle)
 
 
 def synchronize(handle):
-    """Waits for `handle` and returns the operation's output (raises its error)."""
-    # The engine's handles are positive ints (group handles are negative).
-    if type(handle) is int and handle > 0 and handle not in _alltoall_handles:
+    """Waits for `handle` and returns the operation's output (raises its error):
+    a tensor, an alltoall's (output, received_splits), a group's list."""
+    if type(handle) is int:  # an engine handle, of any kind (csrc/torch/handle_table.h)
         try:
             out = None if _is_compiling() else _eager_synchronize(handle)
-            return _ops.synchronize(handle) if out is None else out
+            return synchronize_through_ops(handle) if out is None else out
         except DistNetworkError as e:
             raise HorovodInternalError(str(e)) from None
     return _synchronize_other(handle)
@@ -327,15 +318,6 @@ def synchronize(handle):
 
 @_translate_errors
 def _synchronize_other(handle):
-    from hvd_torch import grouped
-
-    if grouped.is_group_handle(handle):
-        return grouped.synchronize_group(handle)
-    if isinstance(handle, _SparseHandle):
-        return handle()
-    if isinstance(handle, adasum.Handle):
-        return handle.result
-    if handle in _alltoall_handles:
-        _alltoall_handles.discard(handle)
-        return _ops.synchronize_alltoall(handle)
-    return _ops.synchronize(handle)
+    if isinstance(handle, Handle):
+        return handle.synchronize()
+    return synchronize_through_ops(handle)

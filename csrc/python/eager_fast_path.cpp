@@ -20,6 +20,8 @@
 
 #include "../torch/adapter.h"
 
+pybind11::object synchronizeAny(int64_t handle);  // handles.cpp
+
 namespace {
 
 // Nothing on this thread that the dispatcher would honour.
@@ -122,16 +124,16 @@ int64_t allreduceAsync(pybind11::handle obj, bool in_place, const std::string& n
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The synchronize op (a handle of the engine's, not an alltoall's); None
-// when not taken.
+// synchronize() of an engine handle of any kind (the synchronize,
+// synchronize_alltoall ops, a group's members); None when not taken.
 pybind11::object synchronizeAsync(int64_t handle) {
   HANDLE_TH_ERRORS
   if (!plainThreadState()) return pybind11::none();
-  return pybind11::cast(hvd::torch_layer::waitHandle(handle));
+  return synchronizeAny(handle);
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The poll op: it reads a flag; nothing for the dispatcher to do.
+// The poll op, for every kind: it reads flags; nothing for the dispatcher to do.
 bool pollAsync(int64_t handle) {
   HANDLE_TH_ERRORS
   return hvd::torch_layer::pollHandle(handle);

@@ -11,6 +11,7 @@
 
 void registerEagerFastPath(pybind11::module& m);  // eager_fast_path.cpp
 void registerC10dBackend(pybind11::module& m);    // c10d_backend_module.cpp
+void registerHandles(pybind11::module& m);        // handles.cpp
 
 namespace {
 
@@ -52,6 +53,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "hvd_torch engine lifecycle and topology";
   registerEagerFastPath(m);
   registerC10dBackend(m);
+  registerHandles(m);
   m.def("driven_ops", [] {
     auto engine = currentEngine();
     return engine ? engine->drivenOps() : uint64_t{0};

@@ -21,14 +21,7 @@ namespace {
 std::mutex names_mu;
 std::unordered_map<int64_t, int64_t> name_counters;
 
-std::mutex handles_mu;
 thread_local bool t_waits_next = false;  // see SubmitThenWait
-std::unordered_map<int64_t, Pending> handles;
-int64_t next_handle = 1;
-// A blocking kernel's op, from its submission to its wait on this thread:
-// it skips the table's lock, node and lookups. Python never sees its handle.
-constexpr int64_t kThisThreadsOp = 0;
-thread_local Pending t_this_threads_op;
 
 // The Python class of RefusedError; null until hvd_torch registers it. Read
 // and written with the GIL held (registration at import; python_type() from
@@ -187,23 +180,6 @@ void setRefusedErrorType(const pybind11::handle& type) {
   refused_error_type = type.ptr();
 }
 
-int64_t addHandle(Pending pending) {
-  std::lock_guard<std::mutex> lock(handles_mu);
-  int64_t h = next_handle++;
-  handles.emplace(h, std::move(pending));
-  return h;
-}
-
-bool pollHandle(int64_t handle) {
-  std::lock_guard<std::mutex> lock(handles_mu);
-  auto it = handles.find(handle);
-  TORCH_CHECK_VALUE(it != handles.end(), "hvd_torch.poll: unknown handle ", handle,
-              " (already synchronized, or from before a shutdown)");
-  return it->second.work->done();
-}
-
-at::Tensor waitHandle(int64_t handle) { return waitHandle(handle, nullptr); }
-
 void bumpVersion(const at::Tensor& t) {
   if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
 }
@@ -211,20 +187,6 @@ void bumpVersion(const at::Tensor& t) {
 SubmitThenWait::SubmitThenWait() { t_waits_next = true; }
 SubmitThenWait::~SubmitThenWait() { t_waits_next = false; }
 
-std::tuple<at::Tensor, at::Tensor> waitAlltoall(int64_t handle) {
-  Pending p;
-  at::Tensor out = waitHandle(handle, &p);
-  TORCH_CHECK_VALUE(p.alltoall, "hvd_torch.synchronize_alltoall: handle ", handle,
-              " is not an alltoall handle");
-  const auto& rows = p.work->firstDims();
-  at::Tensor received = at::empty({static_cast<int64_t>(rows.size())}, at::kInt);
-  for (size_t i = 0; i < rows.size(); ++i) received[i] = static_cast<int32_t>(rows[i]);
-  return {out, received};
-}
-
-namespace {
-
-// Raises the op's error.
 void waitWork(Engine* engine, Work& work, std::chrono::microseconds spin) {
   Status status;
   // A blocking wait must not hold the GIL: other Python threads (data
@@ -241,40 +203,6 @@ void waitWork(Engine* engine, Work& work, std::chrono::microseconds spin) {
     status = driveThenWait();
   }
   if (!status.ok()) throwStatus(status);
-}
-
-}  // namespace
-
-at::Tensor waitHandle(int64_t handle, Pending* finished) {
-  Pending p;
-  auto engine = currentEngine();
-  const auto spin = engine ? engine->config().caller_spin : std::chrono::microseconds(0);
-  if (handle == kThisThreadsOp && t_this_threads_op.work) {
-    p = std::move(t_this_threads_op);  // leaves its work null: the slot is free
-  } else {
-    std::lock_guard<std::mutex> lock(handles_mu);
-    auto it = handles.find(handle);
-    TORCH_CHECK_VALUE(it != handles.end(), "hvd_torch.synchronize: unknown handle ", handle,
-                " (already synchronized, or from before a shutdown)");
-    p = std::move(it->second);
-    handles.erase(it);
-  }
-  waitWork(engine.get(), *p.work, spin);
-  at::Tensor out = p.gathered ? *p.gathered : p.result;
-  if (p.plane != Plane::kHost) {
-    out = finishOutput(out, p.plane, p.device, p.work->deviceDone(), p.copy_back_to);
-  } else if (p.copy_back_to.defined()) {
-    p.copy_back_to.copy_(out);
-    out = p.copy_back_to;
-  }
-  if (finished != nullptr) *finished = std::move(p);
-  return out;
-}
-
-void clearHandles() {
-  t_this_threads_op = Pending();
-  std::lock_guard<std::mutex> lock(handles_mu);
-  handles.clear();
 }
 
 namespace {
@@ -343,7 +271,8 @@ void bindRowsOutput(const EngineInput& in, Entry& e, Pending& p,
 }
 
 // `wake` false: a group member; submitGroup wakes the engine once for all.
-int64_t enqueue(Engine& engine, Entry e, Pending p, bool wake = true) {
+int64_t enqueue(Engine& engine, Entry e, Pending p, bool wake = true,
+                HandleKind kind = HandleKind::kSingle) {
   p.name = e.request.name;
   p.keep_alive = e.keep_alive;
   try {
@@ -351,11 +280,7 @@ int64_t enqueue(Engine& engine, Entry e, Pending p, bool wake = true) {
   } catch (const DuplicateName& dup) {
     TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());
   }
-  if (t_waits_next && !t_this_threads_op.work) {
-    t_this_threads_op = std::move(p);
-    return kThisThreadsOp;
-  }
-  return addHandle(std::move(p));
+  return addHandle(std::move(p), kind, t_waits_next);
 }
 
 }  // namespace
@@ -471,8 +396,7 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
   e.request = baseRequest(OpType::kAlltoall, tensor, dtype, name, process_set);
   e.request.splits = send;
   bindRowsOutput(takeInput(tensor, dtype, "alltoall", name, e, p), e, p, into);
-  p.alltoall = true;
-  return enqueue(*engine, std::move(e), std::move(p));
+  return enqueue(*engine, std::move(e), std::move(p), true, HandleKind::kAlltoall);
 }
 
 int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_name, int64_t op,
@@ -628,7 +552,8 @@ std::vector<int64_t> submitGroup(GroupedKind kind, at::TensorList tensors,
                                   opName(what, name, process_set), op, prescale, postscale,
                                   process_set, false);
     std::vector<int64_t> handles;
-    for (Pending& p : bundle.members) handles.push_back(addHandle(std::move(p)));
+    for (Pending& p : bundle.members)
+      handles.push_back(addHandle(std::move(p), HandleKind::kSingle, false));
     return handles;
   }
   GroupTag group{opName(what, name, process_set), static_cast<int32_t>(tensors.size())};

@@ -1,15 +1,17 @@
 // From at::Tensor to the engine: argument checks, dtype mapping, op names,
-// submission, and the async handle table. Everything here runs on the
+// submission, and the async handle table (handles.cc). Everything here runs on the
 // caller's thread; completion happens on the engine's background thread.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "../core/engine.h"
+#include "handle_table.h"
 
 namespace pybind11 {
 class handle;
@@ -48,7 +50,6 @@ struct Pending {
   std::string name;
   at::Tensor result;                           // allreduce/broadcast output
   std::shared_ptr<at::Tensor> gathered;        // allgather/alltoall output, allocated late
-  bool alltoall = false;                       // synchronize also returns received splits
   at::Tensor copy_back_to;                     // in-place op on a non-contiguous or staged tensor
   Plane plane = Plane::kHost;                  // CUDA tensors: how the result comes back
   int device = -1;
@@ -59,11 +60,41 @@ struct Pending {
   std::shared_ptr<void> keep_alive;
 };
 
-// Handle table: ints cross the schema, Pending stays here.
-int64_t addHandle(Pending pending);
+// The handle table (handle_table.h, handles.cc): ints cross the schema,
+// Pending stays here. Every kind of handle (single op, alltoall, group) lives
+// in the one table; an unknown handle is a ValueError naming the op.
+// `blocking`: the caller waits for it on this thread right after
+// (SubmitThenWait): it may take the thread's slot (kThisThreadsOp).
+int64_t addHandle(Pending&& pending, HandleKind kind, bool blocking);
+// Any kind; a group is done when every member is.
 bool pollHandle(int64_t handle);
+HandleKind handleKind(int64_t handle);
+// Merges single-op handles (a grouped op's members) into one group handle;
+// the member handles are gone.
+int64_t groupHandles(const std::vector<int64_t>& members);
+// What synchronize returns for a handle of any kind, as Horovod does: one
+// tensor; an alltoall's output and the rows received from each rank (int32);
+// a group's members' results in order (every member is waited for, then the
+// first error raised).
+struct Synchronized {
+  HandleKind kind = HandleKind::kSingle;
+  at::Tensor tensor;                 // kSingle, kAlltoall
+  at::Tensor received;               // kAlltoall
+  std::vector<at::Tensor> members;   // kGroup
+};
 // Waits (without holding the GIL), removes the handle, raises the op's error.
+Synchronized waitAny(int64_t handle);
+// A single op's or an alltoall's output (the synchronize op); a group's
+// handle is refused once its members are done.
 at::Tensor waitHandle(int64_t handle);
+// As waitHandle, also returning the Pending record (e.g. to read first dims).
+at::Tensor waitHandle(int64_t handle, Pending* finished);
+// Alltoall's result and the rows received from each rank (int32, like Horovod).
+std::tuple<at::Tensor, at::Tensor> waitAlltoall(int64_t handle);
+// Waits for `work` (driving the engine meanwhile, without the GIL) and
+// raises its error.
+void waitWork(Engine* engine, Work& work, std::chrono::microseconds spin);
+void clearHandles();
 // Held by a blocking kernel around its submission: the thread drives the
 // engine right after, while it waits (Engine::drive), so the submission
 // skips waking the background thread.
@@ -82,9 +113,6 @@ std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in
                                                  const std::string& name, int64_t op,
                                                  double prescale, double postscale,
                                                  int64_t process_set);
-// As waitHandle, also returning the Pending record (e.g. to read first dims).
-at::Tensor waitHandle(int64_t handle, Pending* finished);
-void clearHandles();
 
 // Membership of a grouped op: negotiated and run with the group's other members.
 struct GroupTag {
@@ -125,12 +153,10 @@ c10::optional<std::vector<at::Tensor>> runBundle(at::TensorList tensors,
                                                  bool in_place, const std::string& name,
                                                  int64_t op, double prescale, double postscale,
                                                  int64_t process_set);
-// splits: rows to send to each rank (undefined: an even split).
+// splits: rows to send to each rank (undefined: an even split). The handle's
+// kind is kAlltoall.
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
                        const std::string& name, int64_t process_set,
                        const at::Tensor& into = at::Tensor());
-// Alltoall's result and the rows received from each rank (int32, like Horovod).
-std::tuple<at::Tensor, at::Tensor> waitAlltoall(int64_t handle);
-
 }  // namespace torch_layer
 }  // namespace hvd

@@ -94,20 +94,10 @@ int64_t reducescatterAsync(const at::Tensor& t, c10::string_view name, int64_t o
   return submitReducescatter(t, std::string(name), op, pre, post, ps);
 }
 
+// A blocking grouped op: its members as one group handle, every member
+// waited for, then the first error raised (handles.cc).
 std::vector<at::Tensor> waitAll(const std::vector<int64_t>& handles) {
-  // Wait for every member even if one fails, so no handle is left behind;
-  // then raise the first error.
-  std::vector<at::Tensor> out;
-  std::exception_ptr first_error;
-  for (int64_t h : handles) {
-    try {
-      out.push_back(waitHandle(h));
-    } catch (...) {
-      if (!first_error) first_error = std::current_exception();
-    }
-  }
-  if (first_error) std::rethrow_exception(first_error);
-  return out;
+  return waitAny(groupHandles(handles)).members;
 }
 
 std::vector<at::Tensor> groupedAllreduce(at::TensorList ts, c10::string_view name, int64_t op,
