@@ -5,20 +5,20 @@
 #include "../core/store_client.h"
 #include "gloo/gloo_backend.h"
 #include "hierarchical_backend.h"
+#include "host_record.h"
 #include "shm/shm_backend.h"
 
 namespace hvd {
 
 namespace {
 
-bool envOn(const char* name) { return envInt(name, 1) != 0; }
-
-// What a member tells the others before the set chooses: its host as the
-// launcher names it, and the switches every member must agree on.
-std::string describeSelf(const EngineConfig& config) {
-  return std::string(envOn("HVD_TORCH_SHM") ? "1" : "0") +
-         (envOn("HOROVOD_HIERARCHICAL_ALLREDUCE") ? "1" : "0") +
-         (envOn("HOROVOD_HIERARCHICAL_ALLGATHER") ? "1" : "0") + "|" + config.hostname;
+HostRecord describeSelf(const EngineConfig& config) {
+  HostRecord self;
+  self.shm = config.shm;
+  self.split_reduce = config.hierarchical_allreduce;
+  self.split_gather = config.hierarchical_allgather;
+  self.host = config.hostname;
+  return self;
 }
 
 // A topology for the group of `positions` (in the parent) in which this rank
@@ -37,27 +37,27 @@ Topology group(const Topology& parent, int rank, const std::vector<int>& positio
 std::unique_ptr<Backend> makeHostBackend(const Topology& topology, const EngineConfig& config,
                                          StoreClient& store, const std::string& prefix) {
   const int n = topology.size;
-  store.set(prefix + "who/" + std::to_string(topology.rank), describeSelf(config));
-  std::vector<std::string> who(n);
-  for (int r = 0; r < n; ++r) who[r] = store.get(prefix + "who/" + std::to_string(r),
-                                                 config.start_timeout);
+  store.set(prefix + "who/" + std::to_string(topology.rank), describeSelf(config).encode());
+  std::vector<HostRecord> who(n);
+  for (int r = 0; r < n; ++r)
+    who[r] = HostRecord::decode(store.get(prefix + "who/" + std::to_string(r), config.start_timeout));
   bool same_switches = true;
   std::map<std::string, int> host_index;  // by name, in order of first rank
   HostLayout layout;
   for (int r = 0; r < n; ++r) {
-    same_switches = same_switches && who[r].substr(0, 3) == who[0].substr(0, 3);
-    const std::string host = who[r].substr(4);
+    same_switches = same_switches && who[r].sameSwitches(who[0]);
+    const std::string& host = who[r].host;
     auto it = host_index.emplace(host, static_cast<int>(host_index.size())).first;
     layout.host_of.push_back(it->second);
     if (it->second == static_cast<int>(layout.members.size())) layout.members.emplace_back();
     layout.members[it->second].push_back(r);
   }
-  const bool shm = same_switches && who[0][0] == '1';
+  const bool shm = same_switches && who[0].shm;
   if (shm && layout.members.size() == 1) {
     if (auto backend = tryShmBackend(topology, config, store, prefix)) return backend;
   }
-  const bool split_reduce = same_switches && who[0][1] == '1';
-  const bool split_gather = same_switches && who[0][2] == '1';
+  const bool split_reduce = same_switches && who[0].split_reduce;
+  const bool split_gather = same_switches && who[0].split_gather;
   bool shared_host = false;
   for (const auto& m : layout.members) shared_host = shared_host || m.size() > 1;
   if (!shm || layout.members.size() == 1 || !shared_host || !(split_reduce || split_gather)) {

@@ -367,15 +367,14 @@ Tunables Engine::tunables() {
 void Engine::startObservers() {
   if (topology_.rank != 0) return;  // rank 0 sees every rank: it records and tunes for all
   coordinator_->setTimeline(&timeline_);
-  const std::string path = envString("HOROVOD_TIMELINE", "");
+  const std::string& path = config_.timeline_path;
   // Horovod's "DYNAMIC": no file until hvd.start_timeline().
   if (!path.empty() && path != "DYNAMIC") {
-    const std::string error =
-        timeline_.start(path, envInt("HOROVOD_TIMELINE_MARK_CYCLES", 0) != 0);
+    const std::string error = timeline_.start(path, config_.timeline_mark_cycles);
     if (!error.empty())
       std::fprintf(stderr, "[hvd_torch] WARNING: HOROVOD_TIMELINE: %s\n", error.c_str());
   }
-  const AutotuneConfig autotune = AutotuneConfig::fromEnvironment();
+  const AutotuneConfig& autotune = config_.autotune;
   if (autotune.enabled) {
     std::string error;
     autotuner_ = std::make_unique<Autotuner>(autotune, tunables_, &error);

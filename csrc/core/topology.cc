@@ -88,6 +88,13 @@ EngineConfig EngineConfig::fromEnvironment() {
                                 "over every rank) or 'contributors'");
   }
   c.join_average_contributors = join_average == "contributors";
+  c.shm = envInt("HVD_TORCH_SHM", 1) != 0;
+  c.hierarchical_allreduce = envInt("HOROVOD_HIERARCHICAL_ALLREDUCE", 1) != 0;
+  c.hierarchical_allgather = envInt("HOROVOD_HIERARCHICAL_ALLGATHER", 1) != 0;
+  c.shm_slot_bytes = static_cast<size_t>(envInt("HVD_TORCH_SHM_SLOT_BYTES", 0));
+  c.timeline_path = envString("HOROVOD_TIMELINE", "");
+  c.timeline_mark_cycles = envInt("HOROVOD_TIMELINE_MARK_CYCLES", 0) != 0;
+  c.autotune = AutotuneConfig::fromEnvironment();
   return c;
 }
 

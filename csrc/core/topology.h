@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "autotune.h"
+
 namespace hvd {
 
 struct Topology {
@@ -69,7 +71,20 @@ struct EngineConfig {
   // Average while some ranks have joined: over the whole set (false, Horovod)
   // or over the ranks that submitted (HVD_TORCH_JOIN_AVERAGE=contributors).
   bool join_average_contributors = false;  // HVD_TORCH_JOIN_AVERAGE
+  // Data plane choices every member of a set must agree on (host_backend.cc).
+  bool shm = true;                     // HVD_TORCH_SHM
+  bool hierarchical_allreduce = true;  // HOROVOD_HIERARCHICAL_ALLREDUCE (shm inside hosts)
+  bool hierarchical_allgather = true;  // HOROVOD_HIERARCHICAL_ALLGATHER
+  size_t shm_slot_bytes = 0;           // HVD_TORCH_SHM_SLOT_BYTES (0: the plane's choice)
+  // Rank 0's observers.
+  std::string timeline_path;           // HOROVOD_TIMELINE ("DYNAMIC": start_timeline())
+  bool timeline_mark_cycles = false;   // HOROVOD_TIMELINE_MARK_CYCLES
+  AutotuneConfig autotune;             // HOROVOD_AUTOTUNE*, read by autotune.cc
 
+  // The engine's one reader of the environment: every variable the engine
+  // reads is read here (and in AutotuneConfig::fromEnvironment, which it
+  // calls), except HOROVOD_LOG_LEVEL/HOROVOD_LOG_HIDE_TIME, which logging
+  // reads before any config exists (log.cc).
   static EngineConfig fromEnvironment();
 };
 

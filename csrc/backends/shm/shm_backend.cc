@@ -293,8 +293,8 @@ std::unique_ptr<Backend> tryShmBackend(const Topology& topology, const EngineCon
   // waits for a descheduled peer, so fewer, larger rounds win (1 MiB).
   const long cores = static_cast<long>(std::thread::hardware_concurrency());
   const long fallback = (cores == 0 || n <= cores) ? 256 << 10 : 1 << 20;
-  const size_t slot_bytes =
-      roundUp(static_cast<size_t>(envInt("HVD_TORCH_SHM_SLOT_BYTES", fallback)), kLine);
+  const size_t slot_bytes = roundUp(
+      config.shm_slot_bytes > 0 ? config.shm_slot_bytes : static_cast<size_t>(fallback), kLine);
   const size_t bytes = ShmBackend::segmentBytes(n, slot_bytes);
   ShmSegment segment;
   bool ok = ShmSync::canWatch(pids, me);
