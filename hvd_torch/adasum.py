@@ -37,11 +37,10 @@ import itertools
 import typing
 
 import torch
-from torch.distributed import DistNetworkError
 
 from hvd_torch import _C, handles
 from hvd_torch.basics import Sum
-from hvd_torch.exceptions import HorovodInternalError
+from hvd_torch.error_translation import PeerFailure, horovod_internal_error
 
 _ops = torch.ops.hvd_torch
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -115,8 +114,8 @@ def _reduce_many(tensors, name: str, prescale: float, postscale: float,
             label = name if len(batches) == 1 else f"{name}.{k}"
             for i, out in zip(members, _tree([works[i] for i in members], label, n, me, ps)):
                 outs[i] = out
-    except DistNetworkError as e:  # a peer failed: as every op reports it
-        raise HorovodInternalError(str(e)) from None
+    except PeerFailure as e:  # a peer failed: as every op reports it
+        raise horovod_internal_error(e) from None
     results = []
     for tensor, out in zip(tensors, outs):
         if postscale != 1.0:

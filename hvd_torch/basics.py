@@ -5,11 +5,9 @@ import os
 
 import torch  # noqa: F401  (loads libtorch before our extension)
 
-from hvd_torch import _C, exceptions, gpu, horovod_env, log
+from hvd_torch import _C, gpu, horovod_env, log
+from hvd_torch import error_translation  # noqa: F401  (registers the C++ layer's classes)
 from hvd_torch import process_sets as process_sets_module
-
-# The class the C++ layer raises for ranks that disagree (hvd_torch/exceptions.py).
-_C.set_refused_error_type(exceptions.ValueError)
 
 # Horovod's reduce op constants (horovod/common/message.h numbering).
 Average = 0

@@ -47,5 +47,5 @@ class ValueError(builtins.ValueError, RuntimeError):  # noqa: A001  (see the doc
     It is named ValueError because it is one: messages and tracebacks read
     `hvd_torch.exceptions.ValueError: ...`. The C++ layer raises it
     (csrc/torch/adapter.cc, RefusedError), decided by the failure's kind,
-    never by its message.
+    never by its message; hvd_torch/error_translation.py registers it there.
     """

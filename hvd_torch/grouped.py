@@ -13,7 +13,8 @@ from hvd_torch import adasum
 from hvd_torch.basics import Adasum, Average
 from hvd_torch.compression import Compression
 from hvd_torch import _C
-from hvd_torch.ops import _is_compiling, _ps, _resolve_op, _translate_errors, global_process_set
+from hvd_torch.error_translation import translate_errors
+from hvd_torch.ops import _is_compiling, _ps, _resolve_op, global_process_set
 
 _ops = torch.ops.hvd_torch
 
@@ -49,7 +50,7 @@ def _args(average, op, prescale_factor, postscale_factor, process_set):
             _ps(process_set))
 
 
-@_translate_errors
+@translate_errors
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Allreduces every tensor in `tensors` as one unit; returns the list of results."""
@@ -64,7 +65,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
-@_translate_errors
+@translate_errors
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     """In-place grouped allreduce; returns `tensors`."""
@@ -76,7 +77,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
     return tensors
 
 
-@_translate_errors
+@translate_errors
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     outs = _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
@@ -87,7 +88,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                                           process_set)))
 
 
-@_translate_errors
+@translate_errors
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     if _adasum_into(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
@@ -97,19 +98,19 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                                           process_set)))
 
 
-@_translate_errors
+@translate_errors
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgathers every tensor in `tensors` as one unit; returns the list of results."""
     return _ops.grouped_allgather(list(tensors), name or "", _ps(process_set))
 
 
-@_translate_errors
+@translate_errors
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     return _group(_ops.grouped_allgather_async(list(tensors), name or "",
                                                       _ps(process_set)))
 
 
-@_translate_errors
+@translate_errors
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
@@ -121,7 +122,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
-@_translate_errors
+@translate_errors
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
     return _group(_ops.grouped_reducescatter_async(

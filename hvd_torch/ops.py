@@ -5,17 +5,15 @@ defaults; the work happens in torch.ops.hvd_torch.* (C++), which also carries
 the autograd rules, so the same ops run in eager code and in TorchScript.
 """
 
-import functools
 import warnings
 
 import torch
-from torch.distributed import DistNetworkError
 
 from hvd_torch import _C
 from hvd_torch import adasum
 from hvd_torch.basics import Adasum, Average, Sum
 from hvd_torch.compression import Compression
-from hvd_torch.exceptions import HorovodInternalError
+from hvd_torch.error_translation import PeerFailure, horovod_internal_error, translate_errors
 from hvd_torch.handles import Handle, synchronize_through_ops
 from hvd_torch.process_sets import global_process_set, process_set_id
 
@@ -24,25 +22,6 @@ _ops = torch.ops.hvd_torch
 
 # Fake kernels, and which ops are eager-only: one contract for every schema.
 from hvd_torch import compile_contract  # noqa: E402,F401
-
-def _translate_errors(fn):
-    """Engine failures become HorovodInternalError, decided by the error's type.
-
-    The C++ layer raises a peer failure or a shutdown as
-    torch.distributed.DistNetworkError, a caller's mistake as ValueError and a
-    broken invariant as a plain RuntimeError (csrc/torch/adapter.cc,
-    docs/errors.md); only the first is translated.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except DistNetworkError as e:
-            raise HorovodInternalError(str(e)) from None
-
-    return wrapper
-
 
 def _resolve_op(average, op):
     """Horovod's rule for the deprecated `average` flag."""
@@ -81,8 +60,8 @@ def _allreduce_async(tensor, in_place, average, name, op, prescale_factor, posts
         handle = -1 if _is_compiling() else _eager_allreduce_async(tensor, in_place, *args)
         if handle < 0:
             handle = (_ops.allreduce_async_ if in_place else _ops.allreduce_async)(tensor, *args)
-    except DistNetworkError as e:
-        raise HorovodInternalError(str(e)) from None
+    except PeerFailure as e:
+        raise horovod_internal_error(e) from None
     return handle
 
 
@@ -94,7 +73,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 
 # allreduce and allreduce_ are the hottest calls: they translate errors inline,
-# without _translate_errors' extra frame and argument packing (0.6 us of a
+# without translate_errors' extra frame and argument packing (0.6 us of a
 # 4-byte allreduce's 4-5 us), skip _resolve_op when `op` is given, and
 # allreduce skips the no-op compressor's two calls.
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
@@ -117,8 +96,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         out = None if _is_compiling() else _eager_allreduce(compressed, *args)
         if out is None:
             out = _ops.allreduce(compressed, *args)
-    except DistNetworkError as e:
-        raise HorovodInternalError(str(e)) from None
+    except PeerFailure as e:
+        raise horovod_internal_error(e) from None
     return out if compression is _no_compression else compression.decompress(out, ctx)
 
 
@@ -141,49 +120,49 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     try:
         if _is_compiling() or not _eager_allreduce_(tensor, *args):
             _ops.allreduce_(tensor, *args)
-    except DistNetworkError as e:
-        raise HorovodInternalError(str(e)) from None
+    except PeerFailure as e:
+        raise horovod_internal_error(e) from None
     return tensor
 
 
-@_translate_errors
+@translate_errors
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts an allgather; returns a handle for poll()/synchronize()."""
     return _ops.allgather_async(tensor, name or "", _ps(process_set))
 
 
-@_translate_errors
+@translate_errors
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenates every rank's `tensor` along dimension 0 (first dims may differ)."""
     return _ops.allgather(tensor, name or "", _ps(process_set))
 
 
-@_translate_errors
+@translate_errors
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts a broadcast from `root_rank` into a new tensor; returns a handle."""
     return _ops.broadcast_async(tensor, root_rank, name or "", _ps(process_set))
 
 
-@_translate_errors
+@translate_errors
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns `root_rank`'s `tensor` on every rank."""
     return _ops.broadcast(tensor, root_rank, name or "", _ps(process_set))
 
 
-@_translate_errors
+@translate_errors
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast_async."""
     return _ops.broadcast_async_(tensor, root_rank, name or "", _ps(process_set))
 
 
-@_translate_errors
+@translate_errors
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns `tensor`."""
     _ops.broadcast_(tensor, root_rank, name or "", _ps(process_set))
     return tensor
 
 
-@_translate_errors
+@translate_errors
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter; returns a handle for poll()/synchronize()."""
@@ -191,7 +170,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                                     float(postscale_factor), _ps(process_set))
 
 
-@_translate_errors
+@translate_errors
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces `tensor` over all ranks (Average or Sum) and returns this rank's rows.
@@ -255,13 +234,13 @@ def _splits(splits):
     return torch.tensor(list(splits), dtype=torch.int32)
 
 
-@_translate_errors
+@translate_errors
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; synchronize(handle) returns (output, received_splits)."""
     return _ops.alltoall_async(tensor, _splits(splits), name or "", _ps(process_set))
 
 
-@_translate_errors
+@translate_errors
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Sends splits[r] rows of `tensor` (in order) to rank r and concatenates what arrives.
 
@@ -273,13 +252,13 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return output if splits is None else (output, received)
 
 
-@_translate_errors
+@translate_errors
 def barrier(process_set=global_process_set):
     """Returns once every rank has called barrier()."""
     _ops.barrier(_ps(process_set))
 
 
-@_translate_errors
+@translate_errors
 def join(device=-1):
     """This rank has no more data; returns the last rank to join once all have.
 
@@ -294,7 +273,7 @@ def join(device=-1):
     return int(_ops.join(device))
 
 
-@_translate_errors
+@translate_errors
 def poll(handle):
     """True once the async operation behind `handle` has finished."""
     if type(handle) is int and not _is_compiling():  # an engine handle, of any kind
@@ -311,12 +290,12 @@ def synchronize(handle):
         try:
             out = None if _is_compiling() else _eager_synchronize(handle)
             return synchronize_through_ops(handle) if out is None else out
-        except DistNetworkError as e:
-            raise HorovodInternalError(str(e)) from None
+        except PeerFailure as e:
+            raise horovod_internal_error(e) from None
     return _synchronize_other(handle)
 
 
-@_translate_errors
+@translate_errors
 def _synchronize_other(handle):
     if isinstance(handle, Handle):
         return handle.synchronize()

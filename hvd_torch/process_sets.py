@@ -8,23 +8,8 @@ removed after init() (no HOROVOD_DYNAMIC_PROCESS_SETS switch): the registry
 change is negotiated like any op and costs nothing when unused.
 """
 
-import contextlib
-
-from torch.distributed import DistNetworkError
-
 from hvd_torch import _C
-from hvd_torch.exceptions import HorovodInternalError
-
-
-@contextlib.contextmanager
-def _peer_failures_as_horovod_errors():
-    """A caller's mistake arrives as ValueError and stays one; a dead peer or a
-    shutdown arrives as DistNetworkError and becomes HorovodInternalError. By
-    type, never by message (csrc/torch/adapter.cc)."""
-    try:
-        yield
-    except DistNetworkError as e:
-        raise HorovodInternalError(str(e)) from None
+from hvd_torch.error_translation import translated_errors
 
 
 class ProcessSet:
@@ -101,7 +86,7 @@ def add_process_set(process_set):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise ValueError(f"{process_set} is already registered")
-    with _peer_failures_as_horovod_errors():
+    with translated_errors():
         new_id = _C.add_process_set(process_set.ranks)
     process_set.process_set_id = new_id
     _registered.setdefault(new_id, []).append(process_set)
@@ -114,7 +99,7 @@ def remove_process_set(process_set):
     set_id = process_set._id()
     if set_id == 0:
         return False
-    with _peer_failures_as_horovod_errors():
+    with translated_errors():
         _C.remove_process_set(set_id)
     for ps in _registered.pop(set_id, [process_set]):
         ps.invalidate()
