@@ -46,7 +46,7 @@ struct RefusedError : torch::PyTorchError {
 };
 
 // How an op's failure crosses to Python, decided by its kind, never by text
-// (hvd_torch/ops.py maps the types; docs/errors.md):
+// (hvd_torch/error_translation.py maps the types; docs/errors.md):
 //   caller's mistake seen by this rank (Status::kInvalidArgument, argument
 //     checks) -> c10::ValueError -> ValueError;
 //   caller's mistake seen across ranks (Status::kRefused) -> RefusedError ->
