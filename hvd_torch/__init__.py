@@ -43,6 +43,7 @@ from hvd_torch.process_sets import (  # noqa: F401
 from hvd_torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
 from hvd_torch.timeline import start_timeline, stop_timeline  # noqa: F401
 from hvd_torch import elastic  # noqa: F401
-from hvd_torch import distributed  # noqa: F401,E402  (registers the "hvd" torch.distributed backend)
+# Registers the "hvd" torch.distributed backend.
+from hvd_torch import distributed  # noqa: F401,E402
 
 __version__ = "0.1.0"

@@ -79,7 +79,8 @@ def problems(record: dict | None = None, now: dict | None = None) -> list[str]:
         out.append(f"CUDA version: built with {record.get('cuda_version')}, "
                    f"running torch's {now['cuda_version']}")
     if record.get("cxx11_abi") != now["cxx11_abi"]:
-        out.append(f"C++ ABI (_GLIBCXX_USE_CXX11_ABI): built with {int(bool(record.get('cxx11_abi')))}, "
+        built_abi = int(bool(record.get("cxx11_abi")))
+        out.append(f"C++ ABI (_GLIBCXX_USE_CXX11_ABI): built with {built_abi}, "
                    f"running {int(now['cxx11_abi'])}")
     return out
 

@@ -97,7 +97,8 @@ def _built_features(record: dict | None, ext) -> dict:
 def _print_check_build(report: Report, features: dict) -> None:
     """Horovod's --check-build table, for hvd-torch."""
     report.line("Available Frameworks:")
-    report.line(f"    {_mark(False)} TensorFlow\n    {_mark(True)} PyTorch\n    {_mark(False)} MXNet")
+    report.line(f"    {_mark(False)} TensorFlow\n    {_mark(True)} PyTorch\n"
+                f"    {_mark(False)} MXNet")
     report.line("\nAvailable Controllers:")
     report.line(f"    {_mark(False)} MPI\n    {_mark(True)} Gloo")
     report.line("\nAvailable Tensor Operations:")

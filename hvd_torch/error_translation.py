@@ -5,12 +5,12 @@ C++ type, chosen by the failure's kind (Status::Code), never by its message,
 and torch raises that type as a Python class. A caller of hvd_torch's
 functions then sees (docs/errors.md):
 
-| kind                                    | C++ type              | torch raises     | hvd_torch raises     |
-|-----------------------------------------|-----------------------|------------------|----------------------|
-| caller's mistake on this rank           | c10::ValueError       | ValueError       | ValueError           |
-| caller's mistake across ranks (Refused) | RefusedError          | Refused          | Refused              |
-| peer failure or shutdown                | c10::DistNetworkError | PeerFailure      | HorovodInternalError |
-| broken invariant (a bug in hvd-torch)   | c10::Error            | RuntimeError     | RuntimeError         |
+| kind                          | C++ type              | torch raises | hvd_torch raises     |
+|-------------------------------|-----------------------|--------------|----------------------|
+| caller's mistake on this rank | c10::ValueError       | ValueError   | ValueError           |
+| caller's mistake across ranks | RefusedError          | Refused      | Refused              |
+| peer failure or shutdown      | c10::DistNetworkError | PeerFailure  | HorovodInternalError |
+| broken invariant (a bug)      | c10::Error            | RuntimeError | RuntimeError         |
 
 Two rows are decided here. Refused (hvd_torch.exceptions.ValueError) is the
 class RefusedError names, registered with _C when this module is imported,

@@ -39,7 +39,8 @@ HONOURED = {
     "HOROVOD_GLOO_RENDEZVOUS_PORT": "rendezvous store port",
     "HOROVOD_SECRET_KEY": "rendezvous store secret",
     "HOROVOD_ELASTIC": "set to 1 by the elastic launcher; scripts may read it",
-    "HOROVOD_GPU_OPERATIONS": "NCCL or GLOO (host-staged): how CUDA tensors move (hvd_torch/gpu.py)",
+    "HOROVOD_GPU_OPERATIONS":
+        "NCCL or GLOO (host-staged): how CUDA tensors move (hvd_torch/gpu.py)",
     "HOROVOD_GLOO_IFACE": "network interface for the control plane and Gloo across hosts",
     # docs/toolbox.md, "Timeline" and "Autotune".
     "HOROVOD_TIMELINE": "rank 0 writes a Chrome-trace timeline to this path (DYNAMIC: none yet)",
