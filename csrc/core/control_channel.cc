@@ -181,7 +181,13 @@ bool ControlChannel::readFrom(int rank, std::vector<std::string>& frames) {
 }
 
 bool ControlChannel::readFromCoordinator(std::vector<std::string>& frames) {
-  return to_coordinator_->readAvailable(frames);
+  const bool open = to_coordinator_->readAvailable(frames);
+  // Rank 0's abort is its last frame. The responses read with it still run
+  // (an inline result needs no peer); one that fails on the data plane asks
+  // diagnosePeerFailure, which must not wait on a socket that has told all.
+  if (!frames.empty() && isAbortFrame(frames.back()))
+    abort_ = decodeCoordinatorFrame(frames.back()).abort;
+  return open;
 }
 
 void ControlChannel::watchList(int wake_fd, std::vector<pollfd>& fds,
@@ -262,6 +268,7 @@ void ControlChannel::abortAll(const Status& status) {
 }
 
 Status ControlChannel::diagnosePeerFailure() {
+  if (!abort_.ok()) return abort_;  // already read, with the frames before it
   // The data plane only says "connection reset"; the control plane knows who
   // died. Give it a moment to tell us, so the error names the rank.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);

@@ -72,9 +72,9 @@ class ControlChannel {
   // Rank 0, failing: tells every rank why, then goes quiet (best effort).
   void abortAll(const Status& status);
   // The data plane only says "connection reset"; the control channel knows
-  // who died. Waits up to two seconds for it to say: rank 0's abort (with
-  // the kind rank 0 failed with) or a peer failure naming the rank; an ok
-  // status if it says nothing.
+  // who died: rank 0's abort (with the kind rank 0 failed with) if one was
+  // read already, else whatever it says within two seconds (the abort, or a
+  // peer failure naming the rank); an ok status if it says nothing.
   Status diagnosePeerFailure();
   // Closes every connection (the rings stay mapped until destruction).
   void close();
@@ -90,6 +90,7 @@ class ControlChannel {
   std::unique_ptr<FrameSocket> to_coordinator_;        // other ranks
   ShmSegment segment_;                                 // the rings, when attached
   std::vector<std::unique_ptr<ByteRing>> rings_;
+  Status abort_;  // rank 0's abort, once readFromCoordinator has read it
 };
 
 }  // namespace hvd

@@ -317,11 +317,6 @@ void Engine::readWorkers() {
 void Engine::readCoordinator() {
   std::vector<std::string> frames;
   bool open = control_.readFromCoordinator(frames);
-  // Rank 0's abort is its last frame: known before the responses ahead of it
-  // run (see batch_abort_).
-  batch_abort_ = Status::Ok();
-  if (!frames.empty() && isAbortFrame(frames.back()))
-    batch_abort_ = decodeCoordinatorFrame(frames.back()).abort;
   for (const auto& frame : frames) {
     CoordinatorFrame f = decodeCoordinatorFrame(frame);
     if (f.kind == CoordinatorFrame::kAbort) throw StatusError(f.abort);
@@ -563,7 +558,7 @@ void Engine::run(const Response& response) {
         // The data plane failed: a peer or the network is gone. The control
         // plane may know which rank, or rank 0 may have said why (and with
         // which kind: its own failure may have been a bug).
-        const Status why = batch_abort_.ok() ? control_.diagnosePeerFailure() : batch_abort_;
+        const Status why = control_.diagnosePeerFailure();
         const std::string what = std::string(opTypeName(response.type)) + " '" +
                                  response.names[0] + "' failed on rank " +
                                  std::to_string(topology_.rank) + ": " +

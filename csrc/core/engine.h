@@ -194,10 +194,6 @@ class Engine {
   static constexpr size_t kSparePending = 64;
   std::vector<PendingTable::node_type> spare_pending_;
   std::vector<PendingTable::iterator> run_places_;  // run()'s scratch
-  // Rank 0's abort, read in one batch with responses it sent before it:
-  // those still run (an inline result needs no peer), and a data plane that
-  // fails meanwhile reports the abort's status, which the socket no longer has.
-  Status batch_abort_;
   // takeSubmissions' scratch, kept for its capacity: the arrivals, and for
   // each the request of its pending_ entry.
   std::vector<Arrival> arrivals_;
