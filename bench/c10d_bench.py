@@ -19,9 +19,13 @@ the reported time is the median over --reps sets, with the spread of the ratio.
   (all_gather_into_tensor), the input (reduce_scatter_tensor, all_to_all_single).
   gloo/hvd = gloo's time / hvd's time: above 1 means hvd is faster.
 
---ddp-steps K also times K DDP training steps, then K FSDP2 (fully_shard per layer)
-steps, of a 4-layer MLP per set over each group (the same initial weights; the two
-must end with the same weights).
+--ddp-steps K also times K DDP training steps, then K FSDP2 steps, per set over each
+group, of --model: a 4-layer MLP (fully_shard per layer) or ResNet-18 for 32x32 images
+(fully_shard per residual block); the same initial weights, and the two backends must
+end with the same weights.
+
+    python bench/c10d_bench.py -np 2 --ops all_reduce -b 1M -e 1M --reps 3 \
+        --ddp-steps 3 --model resnet18
 """
 
 import argparse
@@ -56,7 +60,12 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank")
     p.add_argument("--ddp-steps", type=int, default=0,
                    help="also time this many DDP and FSDP2 training steps per set (0: none)")
+    p.add_argument("--model", choices=("mlp", "resnet18"), default="mlp",
+                   help="what --ddp-steps trains: a 4-layer MLP, or ResNet-18 for 32x32 images "
+                        "(examples/synthetic_benchmark.py's, 11.2M parameters)")
     p.add_argument("--ddp-width", type=int, default=1024, help="the DDP MLP's layer width")
+    p.add_argument("--batch", type=int, default=None,
+                   help="training batch per rank (default: 32 for the MLP, 8 for ResNet-18)")
     p.add_argument("--json", default=None, help="write the results here (rank 0)")
     p.add_argument("--worker", action="store_true", help="run as a rank (under hvdrun)")
     return p.parse_args(argv)
@@ -116,19 +125,33 @@ def _case(torch, op, nbytes, n, rank):
     raise SystemExit(f"unknown op {op!r}; choose from {OPS}")
 
 
-def _mlp(torch, w):
+def _model(torch, args):
+    """(model, its FSDP2 units, one batch's input maker, its name) for --model."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Linear(w, w) for _ in range(4)])
+    if args.model == "resnet18":
+        sys.path.insert(0, os.path.join(ROOT, "examples"))
+        from synthetic_benchmark import ResNet18
+
+        net = ResNet18()
+        units = list(net.layers)  # the eight residual blocks
+        batch = args.batch or 8
+        return net, units, lambda g: torch.randn(batch, 3, 32, 32, generator=g), \
+            f"ResNet-18 (32x32), batch {batch}"
+    w = args.ddp_width
+    net = torch.nn.Sequential(*[torch.nn.Linear(w, w) for _ in range(4)])
+    batch = args.batch or 32
+    return net, list(net), lambda g: torch.randn(batch, w, generator=g), \
+        f"MLP 4x{w}x{w}, batch {batch}"
 
 
 def training_steps(kind, torch, dist, groups, args, rank, n):
-    """DDP or FSDP2 training steps of an MLP (--ddp-width: 4 square layers; 1024: 16 MiB
-    of gradients) over each group, sets alternated; the median step time per backend.
-    The two must end with the same weights."""
-    w = args.ddp_width
+    """DDP or FSDP2 training steps of --model (the MLP: --ddp-width, 4 square layers;
+    1024: 16 MiB of gradients) over each group, sets alternated; the median step time
+    per backend. The two must end with the same weights."""
     models = {}
     for name, g in groups.items():
-        net = _mlp(torch, w)
+        net, units, make_input, described = _model(torch, args)
+        grad_bytes = 4 * sum(p.numel() for p in net.parameters())  # before any sharding
         if kind == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -138,11 +161,11 @@ def training_steps(kind, torch, dist, groups, args, rank, n):
             from torch.distributed.fsdp import fully_shard
 
             mesh = DeviceMesh.from_group(g, "cpu")
-            for layer in net:
-                fully_shard(layer, mesh=mesh)
+            for unit in units:
+                fully_shard(unit, mesh=mesh)
             model = fully_shard(net, mesh=mesh)
         models[name] = (model, torch.optim.SGD(net.parameters(), lr=1e-3))
-    x = torch.randn(32, w, generator=torch.Generator().manual_seed(rank))
+    x = make_input(torch.Generator().manual_seed(rank))
     gloo = groups["gloo"]
     times = {name: [] for name in models}
 
@@ -167,18 +190,20 @@ def training_steps(kind, torch, dist, groups, args, rank, n):
     def weights(name):
         state = models[name][0].state_dict()
         return torch.cat([(v.full_tensor() if hasattr(v, "full_tensor") else v).reshape(-1)
-                          for v in state.values()])
+                          .double() for v in state.values()])
 
     if not torch.allclose(weights("hvd"), weights("gloo"), rtol=0, atol=1e-5):
         raise SystemExit(f"rank {rank}: {kind} over hvd and over gloo trained different weights")
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = [g / h for g, h in zip(times["gloo"], times["hvd"])]
-    row = dict(op=f"{kind}_step_mlp{w}", bytes=4 * 4 * (w * w + w), iters=args.ddp_steps,
+    row = dict(op=f"{kind}_step_{args.model}" + (f"{args.ddp_width}" if args.model == "mlp"
+                                                 else ""),
+               bytes=grad_bytes, iters=args.ddp_steps,
                hvd_us=med["hvd"] * 1e6, gloo_us=med["gloo"] * 1e6, ratio=med["gloo"] / med["hvd"],
                ratio_min=min(ratios), ratio_max=max(ratios))
     if rank == 0:
-        print(f"{kind.upper()} step, MLP 4x{w}x{w} ({row['bytes'] >> 20} MiB of gradients), "
-              f"batch 32: hvd {row['hvd_us'] / 1e3:.2f} ms, gloo {row['gloo_us'] / 1e3:.2f} ms, "
+        print(f"{kind.upper()} step, {described} (~{row['bytes'] >> 20} MiB of gradients): "
+              f"hvd {row['hvd_us'] / 1e3:.2f} ms, gloo {row['gloo_us'] / 1e3:.2f} ms, "
               f"gloo/hvd {row['ratio']:.2f} ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})",
               flush=True)
     return row

@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
+from digits_data import load_digits
 from torch import nn
 
 import hvd_torch as hvd

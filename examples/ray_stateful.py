@@ -20,7 +20,7 @@ import numpy as np
 import ray
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
+from digits_data import load_digits
 from torch import nn
 
 import hvd_torch as hvd

@@ -24,7 +24,7 @@ import numpy as np
 import ray
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
+from digits_data import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
-from sklearn.datasets import load_digits
+from digits_data import load_digits
 from torch import nn
 
 import hvd_torch as hvd

@@ -6,7 +6,7 @@ import os
 import torch  # noqa: F401  (loads libtorch before our extension)
 
 from hvd_torch import _C, gpu, horovod_env, log
-from hvd_torch import error_translation  # noqa: F401  (registers the C++ layer's classes)
+from hvd_torch import error_translation  # also registers the C++ layer's classes
 from hvd_torch import process_sets as process_sets_module
 
 # Horovod's reduce op constants (horovod/common/message.h numbering).
@@ -67,7 +67,8 @@ def init(comm=None, process_sets=None):
 
         worker_rendezvous.join_round()
     _C.init()
-    gpu.configure()
+    with error_translation.translated_errors():  # a peer lost during its allgathers
+        gpu.configure()
     process_sets_module._after_init(process_sets)
     _log_initialised()
 

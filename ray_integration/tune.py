@@ -25,8 +25,6 @@ import inspect
 import os
 from collections.abc import Callable
 
-from ray import tune
-
 from .executor import RayExecutor
 from .placement import plan
 from .settings import RaySettings
@@ -52,6 +50,8 @@ def report_checkpoint(metrics: dict, checkpoint_dir: str) -> None:
 
 
 def _to_tune(value) -> None:
+    from ray import tune  # the trial's process: Tune is loaded there anyway
+
     if isinstance(value, _Checkpointed):
         tune.report(value.metrics, checkpoint=tune.Checkpoint.from_directory(value.path))
     else:
@@ -116,8 +116,13 @@ def DistributedTrainableCreator(  # Ray's historical name and signature, hence n
         timeout_s=timeout_s, placement_group_timeout_s=placement_group_timeout_s, verbose=verbose
     )
     with_checkpoint = _takes_checkpoint_dir(func)
+    # Here, not at import: a worker that calls report_checkpoint() imports this
+    # module and must not pay a second or more of CPU for Tune it never uses.
+    from ray import tune
 
     def trial(config):
+        from ray import tune
+
         args = (config,)
         if with_checkpoint:
             restored = tune.get_checkpoint()
