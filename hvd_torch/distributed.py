@@ -24,11 +24,12 @@ import json
 import os
 import socket
 import threading
+import time
 
 import torch
 import torch.distributed as dist
 
-from hvd_torch import _C
+from hvd_torch import _C, exceptions
 
 __all__ = ["BACKEND"]
 
@@ -112,7 +113,7 @@ def torchrun_store(rank: int, size: int):
         raise ValueError(
             "hvd_torch.init(): RANK and WORLD_SIZE are set (torchrun's variables) but "
             f"MASTER_ADDR/MASTER_PORT are not ({e}); launch with torchrun or hvdrun") from None
-    timeout = datetime.timedelta(seconds=float(os.environ.get("HOROVOD_START_TIMEOUT", 30)))
+    timeout = datetime.timedelta(seconds=_start_timeout())
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         store = dist.TCPStore(addr, port, size, is_master=False, timeout=timeout)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -122,12 +123,81 @@ def torchrun_store(rank: int, size: int):
     return store
 
 
+def _start_timeout() -> float:
+    return float(os.environ.get("HOROVOD_START_TIMEOUT", 30))
+
+
+# Every rank of the default group posts "hvd" under this prefix of the group's store
+# before it meets the others (see _check_backends).
+_BACKEND_KEY = "hvd_torch/backend/"
+# How long a rank waits for the others' keys before it first looks for ranks that run
+# another backend; each later look waits twice as long, up to _BACKEND_SLICE_MAX.
+_BACKEND_SLICE = 0.5
+_BACKEND_SLICE_MAX = 8.0
+
+
+def _gloo_key(rank: int) -> str:
+    """Where torch's Gloo backend posts `rank`'s address in the group's store: its first
+    context's "0/" prefix and gloo's connectFullMesh key (torch 2.x).  Only a shortcut
+    for naming a Gloo rank at once: if gloo renames it, _check_backends still ends at
+    the start timeout."""
+    return f"0/{rank}"
+
+
+def _check_backends(store, rank: int, size: int) -> None:
+    """Raises hvd_torch.exceptions.ValueError (ranks that disagree, docs/errors.md)
+    naming every rank and what it asked for, unless every rank of the default group
+    calls init_process_group("hvd").
+
+    Without it, a rank that asked for "gloo" would leave the hvd ranks waiting in the
+    engine's rendezvous until HOROVOD_START_TIMEOUT, told only that it did not join.
+    A job that agrees pays one key and one wait per rank.  While ranks are missing,
+    each waiting rank checks every rank's key (and Gloo's) after 0.5 s, then at
+    doubling intervals up to 8 s: a rank running Gloo's rendezvous is named at the
+    first look; one that posts nothing is named at the start timeout.  Keys left by
+    an earlier hvd group on a reused store make the check pass without proof; the
+    engine's own rendezvous then fails at the start timeout, as it did before."""
+    store.set(f"{_BACKEND_KEY}{rank}", BACKEND)
+    keys = [f"{_BACKEND_KEY}{r}" for r in range(size)]
+    deadline = time.monotonic() + _start_timeout()
+    wait = _BACKEND_SLICE
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            store.wait(keys, datetime.timedelta(seconds=max(min(wait, remaining), 0.01)))
+            return
+        except dist.DistNetworkError:
+            raise  # the store itself is gone
+        except RuntimeError:  # the wait timed out (FileStore's is no DistStoreError)
+            pass
+        wait = min(2 * wait, _BACKEND_SLICE_MAX)
+        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        # A Gloo key under this rank's own number is left from an earlier Gloo group on
+        # a reused store (torchrun's agent store, store=): then no Gloo key proves a
+        # rank runs Gloo now.
+        stale = store.check([_gloo_key(rank)])
+        gloo = [] if stale else [r for r in missing if store.check([_gloo_key(r)])]
+        if missing and (gloo or remaining <= 0):
+            silent = (f"no backend posted within {_start_timeout():g} s (HOROVOD_START_TIMEOUT): "
+                      "another one than hvd, or not started")
+            groups = {BACKEND: [r for r in range(size) if r not in missing], "gloo": gloo,
+                      silent: [r for r in missing if r not in gloo]}  # fmt: skip
+            raise exceptions.ValueError(
+                "hvd backend (torch.distributed): the ranks of init_process_group asked for "
+                "different backends: " + "; ".join(
+                    f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {what}"
+                    for what, rs in groups.items() if rs)
+                + f" (this is rank {rank}); every rank must pass the same backend")
+
+
 def _create_backend(options, backend_options):
     """torch.distributed's creator for "hvd" (register_backend, extended API)."""
     from hvd_torch import basics
 
     rank, size = options.group_rank, options.group_size
     ranks = list(options.global_ranks_in_group)
+    if not ranks:  # the default group, which every rank creates at once
+        _check_backends(options.store, rank, size)
     if not basics.is_initialized():
         if ranks:
             raise RuntimeError("hvd backend (torch.distributed): the hvd engine is not running "

@@ -14,7 +14,7 @@ different rounds never mix.
 
   driver  elastic/round = "0"                          before starting any worker
   driver  elastic/rounds/<R>/open, then elastic/round = R   round R is open
-  worker  elastic/rounds/<R>/join/<wid>                 "I am ready for round R"
+  worker  elastic/rounds/<R>/join/<wid> = JSON JoinOffer    "I am ready for round R"
   driver  elastic/rounds/<R>/assign/<wid> = JSON Assignment   once every member joined
   worker  elastic/rounds/<R>/reset/<wid>                "a collective of round R failed"
   driver  elastic/leave/<wid>                           "leave the job" (host removed)
@@ -470,12 +470,14 @@ class ElasticDriver:
             machines.setdefault(self._launcher.engine_host(w.host), []).append(w)
         ordered = [w for group in machines.values() for w in group]
         rank_of = {w.id: r for r, w in enumerate(ordered)}
+        master = keys.decode_join(self._client.get(keys.join_key(round_, ordered[0].id)))
         for cross_rank, (machine, group) in enumerate(machines.items()):
             for local_rank, w in enumerate(group):
                 a = keys.Assignment(
                     round=round_, rank=rank_of[w.id], size=len(ordered),
                     local_rank=local_rank, local_size=len(group),
                     cross_rank=cross_rank, cross_size=len(machines), hostname=machine,
+                    master_addr=master.master_addr, master_port=master.master_port,
                 )  # fmt: skip
                 self._client.set(keys.assign_key(round_, w.id), keys.encode_assignment(a))
         for w in ordered:

@@ -19,9 +19,12 @@ __all__ = [
     "STOP",
     "Assignment",
     "assign_key",
+    "JoinOffer",
     "decode_assignment",
+    "decode_join",
     "decode_stop",
     "encode_assignment",
+    "encode_join",
     "encode_stop",
     "join_key",
     "join_prefix",
@@ -89,6 +92,30 @@ class Assignment:
     cross_rank: int = 0
     cross_size: int = 1
     hostname: str = ""
+    # torch.distributed's env:// rendezvous for the round (MASTER_ADDR/MASTER_PORT):
+    # what rank 0's worker offered when it joined (JoinOffer).
+    master_addr: str = ""
+    master_port: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinOffer:
+    """What a worker posts when it joins a round (the join key's value): its address
+    as the others reach it and a port free on its host then.  The driver hands rank
+    0's to every member in its Assignment, so a DDP script's init_process_group with
+    env:// finds rank 0's TCPStore, round after round."""
+
+    pid: int
+    master_addr: str
+    master_port: int
+
+
+def encode_join(offer: JoinOffer) -> bytes:
+    return json.dumps(dataclasses.asdict(offer), sort_keys=True).encode()
+
+
+def decode_join(value: bytes) -> JoinOffer:
+    return JoinOffer(**json.loads(value.decode()))
 
 
 def encode_assignment(a: Assignment) -> bytes:

@@ -13,7 +13,10 @@ import fcntl
 import socket
 import struct
 
-__all__ = ["NetworkError", "interface_address", "route_source_address", "store_address"]
+__all__ = [
+    "NetworkError", "free_port", "interface_address", "reachable_address", "route_source_address",
+    "store_address",
+]  # fmt: skip
 
 _SIOCGIFADDR = 0x8915  # linux/sockios.h
 
@@ -49,6 +52,28 @@ def route_source_address(host: str, port: int = 22) -> str:
         except OSError as e:
             raise NetworkError(f"no route to host {host!r} ({target[0]}): {e.strerror}") from None
         return s.getsockname()[0]
+
+
+def reachable_address(store_host: str, store_port: int, iface: str | None) -> str:
+    """This machine's address as the job's other ranks reach it, chosen as the engine
+    chooses its own (csrc/core/address.cc): iface's (HOROVOD_GLOO_IFACE), else the
+    source address of the route to the job's store (127.0.0.1 when the store is on
+    loopback), else the hostname."""
+    if iface:
+        return interface_address(iface)
+    try:
+        return route_source_address(store_host, store_port)
+    except NetworkError:
+        return socket.gethostname()
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now: torch.distributed's MASTER_PORT, which rank
+    0's TCPStore binds moments later (another process may take it in between, as with
+    torchrun's own choice of port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def store_address(remote_hosts: list[str], iface: str | None) -> str:

@@ -14,6 +14,8 @@ and hands to every node (docs/multihost.md).  Under srun, the SLURM_* variables
 give --nnodes, --node-rank and --rdzv-endpoint (slurm.py).
 
 Store keys (prefix hvdrun/):
+  master_port     decimal                torch.distributed's MASTER_PORT: a port free on
+                                         node 0, set before node 0 checks in
   nodes/<r>       "<nproc> <hostname>"   node r checked in
   failed/<r>      "<order> why"          a rank of node r failed; every node stops its
                                          ranks (order: how likely it is the cause)
@@ -33,7 +35,7 @@ import time
 
 from .args import UsageError, non_negative_int, positive_int
 from .env import rank_env
-from .network import NetworkError, interface_address
+from .network import NetworkError, free_port, interface_address
 from .output import RankFiles, note
 from .processes import Processes
 from .slurm import node_defaults
@@ -48,6 +50,7 @@ _NODE_KEYS = ("nnodes", "node_rank", "nproc_per_node", "rdzv_endpoint", "rdzv_se
 _DONE_WAIT = 60.0  # how long node 0 keeps the store up for nodes still finishing
 _CAUSE_WAIT = 1.0  # how long a failed node waits to hear of failures elsewhere
 _FAILED = "hvdrun/failed/"
+_MASTER_PORT = "hvdrun/master_port"
 
 
 @dataclasses.dataclass
@@ -201,6 +204,12 @@ def _serve(n: NodeOptions, iface: str | None) -> KVStoreServer:
 
 def _run(opts, n: NodeOptions, client: KVStoreClient, procs, received, timeout: float) -> int:
     hostname = socket.gethostname()
+    if n.node_rank == 0:
+        # torch.distributed's env:// rendezvous: rank 0 (on node 0) serves a TCPStore on
+        # a port free there, published before node 0 checks in, so every node that
+        # sees node 0's check-in finds it.  The other nodes reach node 0 at the
+        # endpoint's address, which is therefore MASTER_ADDR.
+        client.set(_MASTER_PORT, str(free_port()))
     client.set(f"hvdrun/nodes/{n.node_rank}", f"{n.nproc_per_node} {hostname}")
     keys = [f"hvdrun/nodes/{r}" for r in range(n.nnodes)]
     missing = client.wait(keys, timeout=timeout)
@@ -220,6 +229,7 @@ def _run(opts, n: NodeOptions, client: KVStoreClient, procs, received, timeout: 
             )
             return 1
     size = n.nnodes * n.nproc_per_node
+    master_port = int(client.get(_MASTER_PORT))
     infos = []
     for local_rank in range(n.nproc_per_node):
         rank = n.node_rank * n.nproc_per_node + local_rank
@@ -227,6 +237,7 @@ def _run(opts, n: NodeOptions, client: KVStoreClient, procs, received, timeout: 
             rank, size, n.host, n.port, n.secret, local_rank=local_rank,
             local_size=n.nproc_per_node, cross_rank=n.node_rank, cross_size=n.nnodes,
             hostname=hostname, start_timeout=opts.start_timeout,
+            master_addr=n.host, master_port=master_port,
             base={**os.environ, **{k: v for k, v in opts.extra_env.items() if v is not None}},
         )  # fmt: skip
         if opts.iface:

@@ -19,7 +19,7 @@ import threading
 
 from .env import forwarded_env, horovod_env
 from .hosts import Placement, is_local_host
-from .network import NetworkError, store_address
+from .network import NetworkError, free_port, store_address
 from .output import RankFiles, note
 from .processes import Processes
 from .ssh import SshSettings, check_reachable, remote_command
@@ -91,10 +91,11 @@ def _run(job: StaticJob, procs: Processes, received: list[int]) -> int:
         if job.verbose:
             note(f"store listening on {store.address}")
         infos = []
-        # torch.distributed's env:// rendezvous: rank 0 serves a TCPStore there.
+        # torch.distributed's env:// rendezvous: rank 0 serves a TCPStore there.  The
+        # port is free here; on another host it is a guess, as torchrun's own is.
         first = job.placements[0]
         master_addr = first.host if first.host in remote_hosts else store.host
-        master_port = _free_port()
+        master_port = free_port()
         for p in job.placements:
             remote = p.host in remote_hosts
             env = horovod_env(
@@ -134,11 +135,3 @@ def _start_remote(procs: Processes, p: Placement, env: dict[str, str], job: Stat
     if job.verbose:
         note(f"rank {p.rank} on {p.host}: ssh {p.host} {subprocess.list2cmdline(job.command)}")
     procs.start(p.rank, argv, dict(os.environ), stdin=stdin)
-
-
-def _free_port() -> int:
-    """A TCP port free on this machine now (rank 0 binds it for torch.distributed's
-    TCPStore; on another host it is a guess, as torchrun's own --master-port is)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]

@@ -300,6 +300,12 @@ class RayExecutor:
     def _rank_envs(self, extra: dict) -> list[dict]:
         group, store = self._group, self._store
         size = group.size
+        # torch.distributed's env:// rendezvous (MASTER_ADDR/MASTER_PORT): rank 0
+        # serves a TCPStore at its node's address, on a port its own node says is free.
+        # One ref: gather's "rank 0" is this group's rank 0.
+        (master_port,) = group.gather(
+            [group.actors[0].free_port.remote()], "start", timeout_s=self.settings.timeout_s
+        )
         # Each rank binds Gloo to its node's address, which Ray knows is
         # reachable; with one node the engine uses loopback regardless.
         envs = [
@@ -315,6 +321,8 @@ class RayExecutor:
                 cross_size=place.slot.cross_size,
                 hostname=place.node_ip,
                 start_timeout=self.settings.timeout_s,
+                master_addr=group.places[0].node_ip,
+                master_port=master_port,
             )
             for place in group.places
         ]

@@ -18,6 +18,8 @@ import threading
 
 import ray
 
+from hvdrun.network import free_port
+
 __all__ = ["HorovodWorker", "Worker", "report"]
 
 
@@ -60,7 +62,8 @@ def report(value) -> None:
 
 
 class Worker:
-    """The process of one rank. The driver calls, in order: where(), setup(env),
+    """The process of one rank. The driver calls, in order: where(), free_port() (on
+    rank 0), setup(env),
     then optionally construct(cls, ...), then run()/execute() any number of times."""
 
     def __init__(self):
@@ -82,6 +85,11 @@ class Worker:
             "pid": os.getpid(),
             "gpu_ids": [str(g) for g in context.get_accelerator_ids().get("GPU", [])],
         }
+
+    def free_port(self) -> int:
+        """A TCP port free on this actor's node now: rank 0's answer becomes every
+        rank's MASTER_PORT (rank 0 binds torch.distributed's TCPStore there)."""
+        return free_port()
 
     def setup(self, env: dict) -> None:
         # hvd.init() reads os.environ when it is called, so setting it here,

@@ -5,7 +5,8 @@ The protocol is described at the top of hvd_torch/runner/elastic_driver.py.  In 
 worker started by an elastic driver (ENV_WORKER_ID is set), hvd.init() calls
 join_round() first: it waits for the driver to assign this worker a place in a round,
 and writes the assignment into os.environ (HOROVOD_RANK, HOROVOD_SIZE, ...,
-HVD_TORCH_RENDEZVOUS_SCOPE), which the engine reads at init.
+HVD_TORCH_RENDEZVOUS_SCOPE), which the engine reads at init, with torch.distributed's
+names (RANK, ..., MASTER_ADDR, MASTER_PORT: rank 0's offer, see keys.JoinOffer).
 
 Threading: one process is one worker, so the worker's identity and the last round it
 was assigned in are process-wide (_WORKER), created on first use; they must outlive
@@ -21,6 +22,7 @@ import time
 from hvd_torch.runner import elastic_keys as keys
 from hvd_torch.runner.env import horovod_env
 from hvd_torch.runner.store import KVStoreClient, secret_from_hex
+from hvdrun.network import free_port, reachable_address
 
 __all__ = [
     "RendezvousError",
@@ -63,7 +65,7 @@ class WorkerRendezvous:
             if newest <= self.round:
                 self.client.wait([keys.open_key(self.round + 1)], self._slice(deadline))
                 continue
-            self.client.set(keys.join_key(newest, self.worker_id), str(os.getpid()))
+            self.client.set(keys.join_key(newest, self.worker_id), keys.encode_join(self._offer()))
             key = keys.assign_key(newest, self.worker_id)
             while self.client.wait([key], self._slice(deadline)):
                 self._check_stop()
@@ -73,6 +75,13 @@ class WorkerRendezvous:
                 assignment = keys.decode_assignment(self.client.get(key, timeout=_SLICE))
                 self.round = newest
                 return assignment
+
+    def _offer(self) -> keys.JoinOffer:
+        """MASTER_ADDR/MASTER_PORT for the round, should this worker become its rank 0:
+        the address the engine would use (the route to the store) and a port free now."""
+        host, _, port = self.client.address.rpartition(":")
+        address = reachable_address(host, int(port), os.environ.get("HOROVOD_GLOO_IFACE"))
+        return keys.JoinOffer(os.getpid(), address, free_port())
 
     def request_reset(self) -> None:
         """Tells the driver that a collective of our round failed (a peer may have died
@@ -138,6 +147,7 @@ def join_round() -> keys.Assignment:
         int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]), secret_from_hex(env["HOROVOD_SECRET_KEY"]),
         local_rank=a.local_rank, local_size=a.local_size, cross_rank=a.cross_rank,
         cross_size=a.cross_size, hostname=a.hostname,
+        master_addr=a.master_addr, master_port=a.master_port or None,
     ))  # fmt: skip
     env["HVD_TORCH_RENDEZVOUS_SCOPE"] = keys.scope(a.round)
     return a

@@ -127,6 +127,12 @@ def test_survivor_becomes_rank_0_and_the_slot_is_refilled(store):
     assert [(_latest(w).rank, _latest(w).size, _latest(w).round) for w in (w2, w3, w4)] == [
         (0, 3, 2), (1, 3, 2), (2, 3, 2)]  # fmt: skip
     assert _latest(w4).local_size == 3 and _latest(w4).hostname == "machine"
+    # Every member gets MASTER_ADDR/MASTER_PORT as the round's rank 0 offered them.
+    with KVStoreClient(store.host, store.port, store.secret) as client:
+        offer = keys.decode_join(client.get(keys.join_key(2, w2.id)))
+    assert offer.master_addr == "127.0.0.1" and offer.master_port > 0
+    assert {(_latest(w).master_addr, _latest(w).master_port) for w in (w2, w3, w4)} == {
+        (offer.master_addr, offer.master_port)}  # fmt: skip
     for w in (w2, w3, w4):
         w.finish.set()
     thread.join(10)

@@ -1,11 +1,13 @@
 """torchrun and hvdrun run each other's scripts (issue #31): torchrun launches an
 `import hvd_torch as hvd` script (hvd.init() reads torchrun's variables and meets the
 other ranks through torchrun's TCPStore), examples/digits_train.py unchanged and
-examples/ddp_on_hvd.py; hvdrun launches
-a plain DDP script that knows nothing of hvd (hvdrun sets RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT, ...) and the same DDP example over the "hvd" backend.
+examples/ddp_on_hvd.py; hvdrun launches a plain DDP script that knows nothing of hvd
+(hvdrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) in its static, per-node
+and elastic modes (elastic: after hvd.init(), which joins the round), and the same DDP
+example over the "hvd" backend.
 """
 
+import json
 import os
 import re
 import socket
@@ -34,30 +36,8 @@ hvd.init()  # again: the same rendezvous store, a new scope
 print(f"rank {hvd.rank()} again: {hvd.allreduce(torch.ones(1), op=hvd.Sum).item():g}", flush=True)
 """
 
-PLAIN_DDP_SCRIPT = """
-import hashlib, os
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-dist.init_process_group("gloo")   # env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-rank, size = dist.get_rank(), dist.get_world_size()
-assert (os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == (str(rank), str(size))
-torch.manual_seed(0)
-model = DDP(torch.nn.Linear(10, 2))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-g = torch.Generator().manual_seed(rank)
-for _ in range(3):
-    opt.zero_grad()
-    model(torch.randn(4, 10, generator=g)).pow(2).mean().backward()
-    opt.step()
-w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-digests = [None] * size
-dist.all_gather_object(digests, hashlib.sha256(w.numpy().tobytes()).hexdigest()[:16])
-assert len(set(digests)) == 1, digests
-print(f"rank {rank} of {size}: ddp weights {digests[0]}", flush=True)
-dist.destroy_process_group()
-"""
+# tests/harness/plain_ddp.py: init_process_group("gloo") with env://, never hvd_torch.
+PLAIN_DDP = ROOT / "tests" / "harness" / "plain_ddp.py"
 
 
 def _env():
@@ -115,13 +95,73 @@ def test_torchrun_runs_ddp_on_hvd_with_hvd_metrics():
     assert "(backend hvd, 2 ranks)" in out and IDENTICAL.search(out), out
 
 
-def test_hvdrun_runs_a_plain_ddp_script(tmp_path):
-    script = tmp_path / "plain_ddp.py"
-    script.write_text(PLAIN_DDP_SCRIPT)
-    code, out = _hvdrun(script)
+def _ddp_reports(out, size):
+    """Each rank's plain_ddp report, by rank, once every rank is checked to have trained to
+    the same weights and summed rank + 1 over all ranks."""
+    reports = {}
+    for line in out.splitlines():
+        _, found, text = line.partition("plain_ddp ")
+        if found:
+            report = json.loads(text)
+            reports[report["rank"]] = report
+    assert sorted(reports) == list(range(size)), out
+    for report in reports.values():
+        assert report["size"] == size and report["sum"] == size * (size + 1) / 2, report
+        assert len(set(report["digests"])) == 1, report
+    return reports
+
+
+def _env_of(report, *names):
+    return tuple(report["env"][n] for n in names)
+
+
+def test_hvdrun_runs_a_plain_ddp_script():
+    code, out = _hvdrun(PLAIN_DDP)
     assert code == 0, out
-    digests = re.findall(r"rank (\d) of 2: ddp weights ([0-9a-f]{16})", out)
-    assert sorted(r for r, _ in digests) == ["0", "1"] and len({d for _, d in digests}) == 1, out
+    for rank, report in _ddp_reports(out, 2).items():
+        assert not report["hvd_imported"]
+        assert _env_of(report, "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK") == (
+            str(rank), "2", "0"), report  # fmt: skip
+        assert report["env"]["MASTER_ADDR"] == "127.0.0.1", report
+
+
+def test_hvdrun_per_node_runs_a_plain_ddp_script():
+    """Two "nodes" on this machine (one hvdrun each, as srun would start them), one rank
+    each: node 0 picks MASTER_PORT and publishes it through the rendezvous store."""
+    rdzv_port = _free_port()
+    env = dict(_env(), HVD_TORCH_SECRET=os.urandom(16).hex())
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "hvdrun", "--nnodes", "2", "--node-rank", str(node),
+         "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}",
+         sys.executable, str(PLAIN_DDP)],
+        env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for node in range(2)]  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=RUN_TIMEOUT)[0] for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    reports = _ddp_reports("\n".join(outs), 2)
+    for rank, report in reports.items():
+        assert _env_of(report, "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                       "GROUP_WORLD_SIZE") == ("0", "1", str(rank), "2"), report  # fmt: skip
+        assert report["env"]["MASTER_ADDR"] == "127.0.0.1", report  # the endpoint's host
+    master_ports = {r["env"]["MASTER_PORT"] for r in reports.values()}
+    assert len(master_ports) == 1 and master_ports != {str(rdzv_port)}, reports
+
+
+def test_elastic_hvdrun_runs_a_ddp_script_after_hvd_init():
+    """Elastic workers learn their round's rank and MASTER_ADDR/MASTER_PORT in hvd.init()."""
+    code, out, _ = run_hvdrun(
+        ["--min-np", "2", "--max-np", "2", "-H", "localhost:2", sys.executable, str(PLAIN_DDP),
+         "--hvd-init"], env=_env(), cwd=ROOT, timeout=RUN_TIMEOUT, merge_stderr=True)  # fmt: skip
+    assert code == 0, out
+    reports = _ddp_reports(out, 2)
+    assert len({_env_of(r, "MASTER_ADDR", "MASTER_PORT") for r in reports.values()}) == 1, out
+    assert reports[0]["env"]["MASTER_ADDR"] == "127.0.0.1", out
 
 
 def test_hvdrun_runs_ddp_on_hvd_and_gloo_alike():

@@ -1,8 +1,9 @@
 """The "hvd" torch.distributed backend (hvd_torch/distributed.py, csrc/torch/c10d_backend.cc)
 on 2 and 3 real rank processes: DDP gives gloo's weights, a DDP comm hook works,
 every collective we implement gives the numbers a plain-PyTorch reference gives,
-an unsupported op or a rank's own mistake is a clear error on every rank, and
-hvd.allreduce and DDP share one engine in one script.
+an unsupported op or a rank's own mistake is a clear error on every rank, ranks that
+ask for different backends are named at once, and hvd.allreduce and DDP share one
+engine in one script.
 
 Each rank calls hvd.init() (the harness gives hvdrun's variables) and then
 init_process_group("hvd") through a FileStore, so the group reuses that engine;
@@ -16,7 +17,7 @@ import time
 import pytest
 import torch
 
-from dist_harness import run_ranks
+from dist_harness import attempt, run_ranks
 
 TIMEOUT = 120
 
@@ -386,6 +387,28 @@ def _mixed(tmp):
 def test_hvd_ops_and_ddp_share_one_engine(tmp_path):
     for engine_ops, size, world in run_ranks(_mixed, 2, args=(str(tmp_path),), timeout=TIMEOUT):
         assert engine_ops == size == world == 2
+
+
+def _mixed_backends(tmp):
+    """Rank 0 asks init_process_group for "hvd", rank 1 for "gloo", with a short timeout
+    so that it gives up by itself; each returns attempt()'s (error, message, seconds)."""
+    import torch.distributed as tdist
+
+    import hvd_torch  # noqa: F401  (registers "hvd")
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    return attempt(lambda: tdist.init_process_group(
+        "hvd" if rank == 0 else "gloo", init_method=f"file://{os.path.join(tmp, 'store')}",
+        rank=rank, world_size=2, timeout=datetime.timedelta(seconds=3)))
+
+
+def test_mixed_backends_are_named_not_a_hang(tmp_path):
+    (hvd_error, message, seconds), (gloo_error, gloo_message, _) = run_ranks(
+        _mixed_backends, 2, args=(str(tmp_path),), timeout=TIMEOUT)
+    assert hvd_error == "ValueError" and seconds < 5, (hvd_error, message, seconds)
+    assert "rank 0: hvd; rank 1: gloo (this is rank 0)" in message, message
+    # The Gloo rank waits for rank 0's Gloo address until its own timeout.
+    assert gloo_error is not None and "timeout" in gloo_message.lower(), gloo_message
 
 
 def _starts_engine(tmp):

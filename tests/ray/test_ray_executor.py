@@ -1,8 +1,10 @@
 """RayExecutor on a real local Ray: stateless run, stateful execute, reports,
-the rank environment, GPU assignment (with Ray's logical GPUs) and restarts."""
+the rank environment (and a plain DDP run on it), GPU assignment (with Ray's logical
+GPUs) and restarts."""
 
 import os
 
+import plain_ddp
 import pytest
 import ray
 import torch
@@ -75,6 +77,8 @@ def _environment():
         "HOROVOD_GLOO_RENDEZVOUS_PORT",
         "HOROVOD_SECRET_KEY",
         "HOROVOD_START_TIMEOUT",
+        "MASTER_ADDR",
+        "MASTER_PORT",
         "MY_SETTING",
     )
     return {k: os.environ.get(k) for k in keys}
@@ -226,6 +230,9 @@ def test_rank_environment_then_shutdown_and_start_again():
     executor = RayExecutor(_settings(), num_workers=2)
     executor.start(extra_env_vars={"MY_SETTING": 42})
     try:
+        # First, before anything of this module (which imports hvd_torch) reaches the
+        # workers: a DDP run that knows nothing of hvd, on torch's variables alone.
+        ddp = executor.run(plain_ddp.train)
         envs = executor.run(_environment)
         with pytest.raises(RuntimeError, match="already started"):
             executor.start()
@@ -243,6 +250,12 @@ def test_rank_environment_then_shutdown_and_start_again():
         assert env["MY_SETTING"] == "42"
         assert len(env["HOROVOD_SECRET_KEY"]) == 64  # 32 random bytes, hex
     assert envs[0]["HOROVOD_SECRET_KEY"] == envs[1]["HOROVOD_SECRET_KEY"]
+    # torch.distributed's rendezvous: rank 0's node, on a port rank 0's actor found free.
+    assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"] == node_ip
+    master_port = envs[0]["MASTER_PORT"]
+    assert master_port == envs[1]["MASTER_PORT"] != envs[0]["HOROVOD_GLOO_RENDEZVOUS_PORT"]
+    assert [r["rank"] for r in ddp] == [0, 1] and [r["sum"] for r in ddp] == [3.0, 3.0], ddp
+    assert len({d for r in ddp for d in r["digests"]}) == 1 and not ddp[0]["hvd_imported"], ddp
 
     with pytest.raises(RuntimeError, match="not started"):
         executor.run(_environment)
