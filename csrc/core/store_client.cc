@@ -275,6 +275,16 @@ StoreClient::Reply StoreClient::call(const std::string& request, milliseconds ti
   const auto deadline = replyDeadline(timeout);
   try {
     sendAll(frame.data(), frame.size(), deadline);
+  } catch (const StoreError&) {
+    // The server refuses a frame over its limit (and says why) before reading
+    // it all, then closes: its ERROR, when it reached us, explains the broken pipe.
+    Reply refusal{};
+    const bool refused = readRefusal(&refusal);
+    closeSocket();
+    if (refused) return refusal;
+    throw;
+  }
+  try {
     char header[4];
     recvAll(header, sizeof(header), deadline);
     std::string lenBytes(header, sizeof(header));
@@ -291,6 +301,23 @@ StoreClient::Reply StoreClient::call(const std::string& request, milliseconds ti
     // the server: the connection cannot be reused.
     closeSocket();
     throw;
+  }
+}
+
+bool StoreClient::readRefusal(Reply* out) {
+  try {
+    const auto deadline = Clock::now() + milliseconds(1000);
+    char header[4];
+    recvAll(header, sizeof(header), deadline);
+    uint32_t len = Parser(std::string(header, sizeof(header)), address_).u32();
+    if (len == 0 || len > kMaxFrame) return false;
+    std::string payload(len, '\0');
+    recvAll(&payload[0], len, deadline);
+    if (static_cast<uint8_t>(payload[0]) != kError) return false;
+    *out = Reply{kError, payload.substr(1)};
+    return true;
+  } catch (const StoreError&) {
+    return false;
   }
 }
 

@@ -95,6 +95,9 @@ class StoreClient {
   void sendAll(const char* data, size_t n, std::chrono::steady_clock::time_point deadline);
   void recvAll(char* data, size_t n, std::chrono::steady_clock::time_point deadline);
   void closeSocket();
+  // After a failed send: the ERROR reply the server sent before closing, if
+  // one arrives within a second (a frame it refused, and why).
+  bool readRefusal(Reply* out);
 
   std::string host_;
   int port_;

@@ -3,6 +3,8 @@
 //   test_store_client HOST PORT SECRET_HEX            run every case
 //   test_store_client HOST PORT SECRET_HEX --closed   block in get() until the
 //                                                     server is stopped
+//   test_store_client HOST PORT SECRET_HEX --oversized  send a frame over the
+//                                                     server's limit
 //
 // The caller (tests/launcher/test_store.py) serves the store and sets "py/hello" to
 // "from python" beforehand, so the two implementations are checked against each
@@ -225,16 +227,33 @@ int runClosed() {
   }
 }
 
+// Against a server whose frame limit is under 1 MiB: a set() of 1 MiB is
+// refused, and the error says why (the limit and its variable), not that the
+// connection was lost.
+int runOversized() {
+  auto c = connect();
+  try {
+    c->set("cpp/oversized", std::string(1 << 20, 'x'));
+    std::printf("FAIL oversized: set returned\n");
+    return 1;
+  } catch (const StoreError& e) {
+    const bool says_why = contains(e.what(), "HVD_TORCH_STORE_MAX_FRAME");
+    std::printf("%s oversized: %s\n", says_why ? "ok" : "FAIL", e.what());
+    return says_why ? 0 : 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s HOST PORT SECRET_HEX [--closed]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s HOST PORT SECRET_HEX [--closed|--oversized]\n", argv[0]);
     return 2;
   }
   gHost = argv[1];
   gPort = std::atoi(argv[2]);
   gSecret = fromHex(argv[3]);
   if (argc > 4 && std::string(argv[4]) == "--closed") return runClosed();
+  if (argc > 4 && std::string(argv[4]) == "--oversized") return runOversized();
   return check::runAll();
 }

@@ -1,5 +1,6 @@
 """The rendezvous store: Python server and client, and the C++ client against them."""
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -324,3 +325,18 @@ def test_cpp_store_client_sees_closed_store(cpp_store_client):
         proc.wait()
     assert proc.returncode == 0, out
     assert "closed_store ok" in out and server.address in out
+
+
+def test_cpp_store_client_names_the_frame_limit_when_refused(cpp_store_client):
+    """A value over the store's frame limit: the server refuses it before
+    reading it all and closes; the C++ client reports the server's reason (the
+    limit and HVD_TORCH_STORE_MAX_FRAME), not a lost connection."""
+    from hvdrun.store_server import StoreLimits
+
+    limits = dataclasses.replace(StoreLimits(), max_frame=1 << 16)
+    with KVStoreServer("127.0.0.1", 0, make_secret(), limits=limits) as server:
+        run = subprocess.run(
+            [cpp_store_client, server.host, str(server.port), secret_to_hex(server.secret),
+             "--oversized"], check=False, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "larger than the store's limit of 65536 bytes" in run.stdout, run.stdout
