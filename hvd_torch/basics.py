@@ -5,7 +5,7 @@ import os
 
 import torch  # noqa: F401  (loads libtorch before our extension)
 
-from hvd_torch import _C, gpu, horovod_env, log
+from hvd_torch import _C, config, gpu, horovod_env, log
 from hvd_torch import error_translation  # also registers the C++ layer's classes
 from hvd_torch import process_sets as process_sets_module
 
@@ -49,18 +49,19 @@ def init(comm=None, process_sets=None):
                              "objects or 'dynamic'")
     if _C.is_initialized():
         return
-    if _torchrun_launched():
+    launch = config.Launch.from_environment()  # per init(): a re-init may run under new variables
+    if launch.torchrun:
         # torchrun (or any launcher that sets only torch.distributed's variables):
         # meet the other ranks through torch's TCPStore, which sets hvdrun's
         # variables for this process (hvd_torch/distributed.py).
         from hvd_torch import distributed
 
-        rank, size = _torchrun_rank_size()
+        rank, size = launch.torchrun_rank_size()
         distributed.rendezvous_env(distributed.torchrun_store(rank, size), rank, size)
     horovod_env.check()  # no HOROVOD_* variable is silently ignored
     log.configure()  # HOROVOD_LOG_LEVEL may have changed since import
     gpu.requested_operations()  # a bad HOROVOD_GPU_OPERATIONS fails before the rendezvous
-    if "HVD_TORCH_ELASTIC_WORKER_ID" in os.environ:
+    if launch.elastic_worker_id is not None:  # (no rendezvous above sets or unsets it)
         # An elastic worker's rank, size and rendezvous scope come from the driver,
         # round by round (hvd_torch/elastic/worker_rendezvous.py).
         from hvd_torch.elastic import worker_rendezvous
@@ -77,23 +78,6 @@ def _log_initialised():
     log.logger.info("rank %d of %d initialised (local rank %d of %d, host %d of %d)",
                     _C.rank(), _C.size(), _C.local_rank(), _C.local_size(), _C.cross_rank(),
                     _C.cross_size())
-
-
-def _torchrun_launched():
-    """torch.distributed's variables (RANK, WORLD_SIZE) without hvdrun's."""
-    return ("HOROVOD_RANK" not in os.environ and "HVD_TORCH_ELASTIC_WORKER_ID" not in os.environ
-            and "RANK" in os.environ and "WORLD_SIZE" in os.environ)
-
-
-def _torchrun_rank_size():
-    try:
-        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except ValueError:
-        raise ValueError(f"hvd_torch.init(): RANK={os.environ['RANK']!r} and WORLD_SIZE="
-                         f"{os.environ['WORLD_SIZE']!r} must be integers") from None
-    if not 0 <= rank < size:
-        raise ValueError(f"hvd_torch.init(): RANK={rank} is not in [0, WORLD_SIZE={size})")
-    return rank, size
 
 
 def shutdown():

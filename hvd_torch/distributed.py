@@ -29,7 +29,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from hvd_torch import _C, exceptions
+from hvd_torch import _C, config, exceptions
+from hvd_torch.error_translation import PeerFailure
 
 __all__ = ["BACKEND"]
 
@@ -55,13 +56,9 @@ def _route_address(toward: str) -> str:
 def _topology(store, rank: int, size: int, prefix: str) -> dict:
     """local/cross rank and size: from torchrun's variables when it set them, else
     from every rank's host name (ranks of one host share memory)."""
-    env = os.environ
-    if all(k in env for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")) and \
-            env.get("RANK") == str(rank) and env.get("WORLD_SIZE") == str(size):
-        local_size = int(env["LOCAL_WORLD_SIZE"])
-        return dict(local_rank=int(env["LOCAL_RANK"]), local_size=local_size,
-                    cross_rank=int(env["GROUP_RANK"]),
-                    cross_size=int(env.get("GROUP_WORLD_SIZE", size // max(local_size, 1))))
+    given = config.Launch.from_environment().torchrun_topology(rank, size)
+    if given is not None:
+        return given
     host = socket.gethostname()
     store.set(f"{prefix}/host/{rank}", host)
     hosts = [store.get(f"{prefix}/host/{r}").decode() for r in range(size)]
@@ -93,7 +90,8 @@ def rendezvous_env(store, rank: int, size: int) -> None:
             address = "127.0.0.1"
         else:
             server = KVStoreServer("0.0.0.0", 0, make_secret()).start()
-            address = _route_address(os.environ.get("MASTER_ADDR", "8.8.8.8"))
+            toward = config.Launch.from_environment().master_addr
+            address = _route_address("8.8.8.8" if toward is None else toward)
         _servers.append(server)
         store.set(f"{prefix}/store", json.dumps(
             {"host": address, "port": server.port, "secret": secret_to_hex(server.secret)}))
@@ -107,24 +105,19 @@ def rendezvous_env(store, rank: int, size: int) -> None:
 def torchrun_store(rank: int, size: int):
     """The torch Store hvd.init() meets the other ranks through under torchrun's
     variables (see the module's docstring)."""
-    try:
-        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    except (KeyError, ValueError) as e:
-        raise ValueError(
-            "hvd_torch.init(): RANK and WORLD_SIZE are set (torchrun's variables) but "
-            f"MASTER_ADDR/MASTER_PORT are not ({e}); launch with torchrun or hvdrun") from None
-    timeout = datetime.timedelta(seconds=_start_timeout())
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    launch = config.Launch.from_environment()
+    addr, port = launch.torchrun_master()
+    timeout = datetime.timedelta(seconds=launch.start_timeout_s())
+    if launch.agent_store:
         store = dist.TCPStore(addr, port, size, is_master=False, timeout=timeout)
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        return dist.PrefixStore(f"hvd_torch/{attempt}/", store)
+        return dist.PrefixStore(f"hvd_torch/{launch.attempt}/", store)
     store = dist.TCPStore(addr, port + 1, size, is_master=(rank == 0), timeout=timeout)
     _servers.append(store)  # rank 0 serves it until every rank has read the address
     return store
 
 
 def _start_timeout() -> float:
-    return float(os.environ.get("HOROVOD_START_TIMEOUT", 30))
+    return config.Launch.from_environment().start_timeout_s()
 
 
 # Every rank of the default group posts "hvd" under this prefix of the group's store
@@ -166,7 +159,7 @@ def _check_backends(store, rank: int, size: int) -> None:
         try:
             store.wait(keys, datetime.timedelta(seconds=max(min(wait, remaining), 0.01)))
             return
-        except dist.DistNetworkError:
+        except PeerFailure:
             raise  # the store itself is gone
         except RuntimeError:  # the wait timed out (FileStore's is no DistStoreError)
             pass
@@ -202,7 +195,7 @@ def _create_backend(options, backend_options):
         if ranks:
             raise RuntimeError("hvd backend (torch.distributed): the hvd engine is not running "
                                "(was hvd.shutdown() called?); re-create the default group")
-        if "HOROVOD_RANK" not in os.environ:  # hvdrun's (or the Ray driver's) rendezvous if set
+        if config.Launch.from_environment().horovod_rank is None:  # else hvdrun's (or Ray's)
             rendezvous_env(options.store, rank, size)
         basics.init()
     world = basics.size()

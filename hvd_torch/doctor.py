@@ -163,9 +163,9 @@ def _check_record(report: Report, record: dict | None, now: dict, ext) -> None:
 
 
 def _check_environment(report: Report) -> None:
-    from hvd_torch import horovod_env
+    from hvd_torch import config, horovod_env
 
-    found = horovod_env._problems(os.environ)
+    found = horovod_env._problems(config.horovod_variables())
     for text in found:
         report.problem(f"init() would refuse {text}",
                        "unset it, or see docs/compat.md, 'Environment variables'")

@@ -11,12 +11,11 @@ answer from one allgather of each rank's (host, physical GPU) at init.
 
 from __future__ import annotations
 
-import os
 import socket
 
 import torch
 
-from hvd_torch import _C
+from hvd_torch import _C, config
 
 GPU_OPERATIONS = "HOROVOD_GPU_OPERATIONS"
 CHOICES = ("NCCL", "GLOO")
@@ -25,7 +24,7 @@ CHOICES = ("NCCL", "GLOO")
 def requested_operations() -> str:
     """HOROVOD_GPU_OPERATIONS, validated (hvd.init() calls it before the engine
     starts, in every build); NCCL by default when built."""
-    raw = os.environ.get(GPU_OPERATIONS, "").strip().upper()
+    raw = config.Gpu.from_environment().requested_operations
     choice = raw or ("NCCL" if _C.nccl_built() else "GLOO")
     if choice not in CHOICES:
         raise ValueError(f"{GPU_OPERATIONS}={raw!r}: hvd-torch moves CUDA tensors with NCCL "
@@ -36,16 +35,6 @@ def requested_operations() -> str:
                          "(hvd.nccl_built() is False): install the nvidia-nccl wheel torch uses "
                          f"and rebuild, or set {GPU_OPERATIONS}=GLOO")
     return choice
-
-
-def _physical_gpu(device: int) -> str:
-    """The GPU behind `device`, as named before CUDA_VISIBLE_DEVICES renumbered it."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        names = [v.strip() for v in visible.split(",") if v.strip()]
-        if device < len(names):
-            return names[device]
-    return str(device)
 
 
 def _gather_strings(value: str, name: str) -> list[str]:
@@ -67,7 +56,8 @@ def configure() -> None:
     choice = requested_operations()
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     device = _C.local_rank() % count if count else -1
-    identity = f"{socket.gethostname()}/{_physical_gpu(device)}" if count else ""
+    physical = config.Gpu.from_environment().physical_gpu(device)
+    identity = f"{socket.gethostname()}/{physical}" if count else ""
     # Ranks without a GPU take part too, so the collective always matches.
     identities = [i for i in _gather_strings(identity, "hvd_torch.gpu_identity") if i]
     shared = len(set(identities)) < len(identities)

@@ -14,33 +14,32 @@ not do: HOROVOD_CONTROLLER=gloo describes what hvd-torch does anyway and is
 accepted; =mpi is refused.
 """
 
-import os
+from hvd_torch import config, log
 
-from hvd_torch import log
+# Read by the Python layer, some by the engine too: hvd_torch/config.py lists them with
+# their meanings.
+_READ_BY_PYTHON = {
+    name: meaning for name, meaning in config.VARIABLES.items()
+    if name.startswith(config.HOROVOD_PREFIX)
+}  # fmt: skip
 
-# Read by the engine at init() (csrc/core/topology.cc) or by the Python layer.
+# Those, and the ones the engine alone reads at init() (csrc/core/topology.cc).
 HONOURED = {
+    **_READ_BY_PYTHON,
     "HOROVOD_FUSION_THRESHOLD": "largest fused allreduce buffer, bytes",
     "HOROVOD_CACHE_CAPACITY": "response cache slots (0 disables the cache)",
-    "HOROVOD_START_TIMEOUT": "rendezvous deadline at init(), seconds",
     "HOROVOD_GLOO_TIMEOUT_SECONDS": "deadline of one Gloo collective, seconds",
     "HOROVOD_STALL_CHECK_DISABLE": "1: no stall warnings or stall shutdown",
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "warn about ops some ranks never submit after this",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "fail every rank after this (0: never)",
     # Set by the launcher (hvdrun, horovodrun --gloo, the Ray driver) for each rank.
-    "HOROVOD_RANK": "this process's rank",
     "HOROVOD_SIZE": "number of ranks",
     "HOROVOD_LOCAL_RANK": "rank on this host",
     "HOROVOD_LOCAL_SIZE": "ranks on this host",
     "HOROVOD_CROSS_RANK": "this host's index",
     "HOROVOD_CROSS_SIZE": "number of hosts",
     "HOROVOD_HOSTNAME": "this host's name, as the other ranks reach it",
-    "HOROVOD_GLOO_RENDEZVOUS_ADDR": "rendezvous store address",
-    "HOROVOD_GLOO_RENDEZVOUS_PORT": "rendezvous store port",
-    "HOROVOD_SECRET_KEY": "rendezvous store secret",
     "HOROVOD_ELASTIC": "set to 1 by the elastic launcher; scripts may read it",
-    "HOROVOD_GPU_OPERATIONS":
-        "NCCL or GLOO (host-staged): how CUDA tensors move (hvd_torch/gpu.py)",
     "HOROVOD_GLOO_IFACE": "network interface for the control plane and Gloo across hosts",
     # docs/toolbox.md, "Timeline" and "Autotune".
     "HOROVOD_TIMELINE": "rank 0 writes a Chrome-trace timeline to this path (DYNAMIC: none yet)",
@@ -55,8 +54,6 @@ HONOURED = {
                                       "step inside each (default 1 where a host has 2+ ranks)",
     "HOROVOD_HIERARCHICAL_ALLGATHER": "0: allgather across hosts without the shared-memory "
                                       "step inside each (default 1 where a host has 2+ ranks)",
-    "HOROVOD_LOG_LEVEL": "engine and hvd_torch logger level: trace, debug, info, warning, error, fatal",
-    "HOROVOD_LOG_HIDE_TIME": "1: log lines without the time stamp",
 }
 
 # Honoured variables whose value must be one of these (checked at init()).
@@ -155,7 +152,7 @@ def check(environ=None):
     Unknown HOROVOD_* names (not Horovod's either) are left alone: they may
     belong to the user's own scripts.
     """
-    problems = _problems(os.environ if environ is None else environ)
+    problems = _problems(config.horovod_variables(environ))
     if problems:
         raise ValueError(
             "hvd_torch.init(): these Horovod environment variables ask for behaviour hvd-torch "

@@ -17,9 +17,10 @@ your own handlers instead: `hvd_torch.log.use_my_handlers()`.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
+
+from hvd_torch import config
 
 __all__ = ["LEVELS", "TRACE", "configure", "level_from_env", "logger", "use_my_handlers"]
 
@@ -36,22 +37,19 @@ logger = logging.getLogger("hvd_torch")
 
 
 def level_from_env(environ=None) -> int:
-    """The logging level HOROVOD_LOG_LEVEL names (warning when unset).
+    """The logging level HOROVOD_LOG_LEVEL names in environ (None: os.environ; warning
+    when unset).
 
     Raises ValueError for a name that is not a level; hvd_torch.init() calls this
     (through configure()) before the engine starts."""
-    environ = os.environ if environ is None else environ
-    text = environ.get("HOROVOD_LOG_LEVEL", "").strip().lower()
+    raw = config.Logging.from_environment(environ).level
+    text = (raw or "").strip().lower()
     if not text:
         return logging.WARNING
     if text not in LEVELS:
-        raise ValueError(f"HOROVOD_LOG_LEVEL={environ['HOROVOD_LOG_LEVEL']!r} is not a log level; "
+        raise ValueError(f"HOROVOD_LOG_LEVEL={raw!r} is not a log level; "
                          f"use one of {', '.join(LEVELS)}")
     return LEVELS[text]
-
-
-def _hide_time(environ) -> bool:
-    return environ.get("HOROVOD_LOG_HIDE_TIME", "") not in ("", "0")
 
 
 class _Formatter(logging.Formatter):
@@ -84,15 +82,15 @@ class _Handler(logging.StreamHandler):
 
 def configure(environ=None) -> None:
     """Sets the logger's level and format from the environment.  Raises ValueError
-    for an unknown HOROVOD_LOG_LEVEL (the logger keeps its previous level)."""
-    environ = os.environ if environ is None else environ
+    for an unknown HOROVOD_LOG_LEVEL (the logger keeps its previous level).  environ:
+    None for os.environ."""
     handler = next((h for h in logger.handlers if isinstance(h, _Handler)), None)
     if handler is None and not getattr(logger, "_hvd_torch_user_handlers", False):
         handler = _Handler()
         logger.addHandler(handler)
         logger.propagate = False
     if handler is not None:
-        handler.setFormatter(_Formatter(_hide_time(environ)))
+        handler.setFormatter(_Formatter(config.Logging.from_environment(environ).hide_time))
     logger.setLevel(level_from_env(environ))
 
 

@@ -17,6 +17,7 @@ import signal
 import socket
 import threading
 
+from . import config
 from .args import UsageError, non_negative_int, positive_float, positive_int
 from .discovery import DiscoveryError, FixedHosts, HostDiscoveryScript, parse_hosts
 from .elastic_driver import ElasticDriver
@@ -38,7 +39,6 @@ from .store import (
 __all__ = ["ElasticOptions", "HostLauncher", "parse_elastic_options", "run_elastic"]
 
 _DEFAULT_ELASTIC_TIMEOUT = 600.0  # horovodrun's default
-LOCAL_LABELS_ENV = "HVD_TORCH_ELASTIC_LOCAL"
 _ELASTIC_ONLY = {
     "slots_per_host": "--slots-per-host",
     "reset_limit": "--reset-limit",
@@ -166,7 +166,7 @@ def _runs_here(host: str) -> bool:
     """Whether host's workers start on this machine.  HVD_TORCH_ELASTIC_LOCAL=1 makes
     every discovered host a label for this machine (slot counts and blacklisting
     work as usual; no ssh): for trying elastic behaviour on one machine."""
-    return os.environ.get(LOCAL_LABELS_ENV) == "1" or is_local_host(host)
+    return config.Launch.from_environment().local_labels or is_local_host(host)
 
 
 def _store_bind(discovery, iface: str | None) -> tuple[str, str]:

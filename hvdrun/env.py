@@ -124,7 +124,7 @@ def rank_env(
 ) -> dict[str, str]:
     """The full environment for a rank: base (default os.environ) plus horovod_env().
     kwargs are horovod_env's keyword arguments."""
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ) if base is None else dict(base)
     env.update(horovod_env(rank, size, store_host, store_port, secret, **kwargs))
     return env
 

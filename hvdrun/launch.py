@@ -17,11 +17,11 @@ horovodrun flags we do not implement are refused, never ignored: a silently igno
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import subprocess
 import sys
 
+from . import config
 from .args import ENGINE_FLAGS, ENGINE_VALUED, UsageError, engine_env, positive_float, positive_int
 from .elastic_launch import parse_elastic_options, run_elastic
 from .hosts import parse_host_list, parse_hostfile, place_ranks
@@ -174,8 +174,8 @@ class Options:
 
 
 def parse_args(argv: list[str], environ=None) -> Options | None:
-    """Options, or None when help was asked for.  Raises UsageError."""
-    environ = os.environ if environ is None else environ
+    """Options, or None when help was asked for; the variables hvdrun reads come from
+    environ (None: os.environ; hvdrun/config.py).  Raises UsageError."""
     values: dict[str, str] = {}
     repeated: dict[str, list[str]] = {}
     flags: set[str] = set()
@@ -225,7 +225,8 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
         identity_file=values.get("ssh_identity_file"),
         connect_timeout=min(10.0, opts.start_timeout or 10.0),
     )
-    opts.iface = _interface(values.get("iface") or environ.get("HOROVOD_GLOO_IFACE") or None)
+    launch = config.Launch.from_environment(environ)
+    opts.iface = _interface(values.get("iface") or launch.iface or None)
     for item in repeated.get("env", []):
         key, eq, value = item.partition("=")
         if not key:

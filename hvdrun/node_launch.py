@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 
+from . import config
 from .args import UsageError, non_negative_int, positive_int
 from .env import rank_env
 from .network import NetworkError, free_port, interface_address
@@ -44,8 +45,8 @@ from .supervise import RankInfo, supervise
 
 __all__ = ["NodeOptions", "parse_node_options", "run_node"]
 
-SECRET_ENV = "HVD_TORCH_SECRET"
-BIND_ENV = "HVD_TORCH_STORE_BIND"  # where node 0's store listens, if not the endpoint
+SECRET_ENV = config.SECRET
+BIND_ENV = config.STORE_BIND  # where node 0's store listens, if not the endpoint
 _NODE_KEYS = ("nnodes", "node_rank", "nproc_per_node", "rdzv_endpoint", "rdzv_secret_file")
 _DONE_WAIT = 60.0  # how long node 0 keeps the store up for nodes still finishing
 _CAUSE_WAIT = 1.0  # how long a failed node waits to hear of failures elsewhere
@@ -63,9 +64,10 @@ class NodeOptions:
     secret: bytes
 
 
-def parse_node_options(values: dict[str, str], num_proc, environ) -> NodeOptions | None:
+def parse_node_options(values: dict[str, str], num_proc, environ=None) -> NodeOptions | None:
     """NodeOptions when the command line (or srun, when -np/-H are not given) asks for
-    per-node mode, else None.  Raises UsageError."""
+    per-node mode, else None; SLURM_* and HVD_TORCH_SECRET from environ (None:
+    os.environ).  Raises UsageError."""
     given = {k: values[k] for k in _NODE_KEYS if k in values}
     other_mode = {"hosts", "min_np", "max_np", "discovery_script"} & values.keys()
     if not given and (num_proc is not None or other_mode):
@@ -94,15 +96,16 @@ def parse_node_options(values: dict[str, str], num_proc, environ) -> NodeOptions
     )  # fmt: skip
 
 
-def _secret(path: str | None, environ) -> bytes:
+def _secret(path: str | None, environ=None) -> bytes:
+    given = config.Launch.from_environment(environ).secret
     if path is not None:
         try:
             with open(path, encoding="ascii") as f:
                 text, where = f.read().strip(), f"--rdzv-secret-file {path}"
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"--rdzv-secret-file {path}: {e}") from None
-    elif environ.get(SECRET_ENV):
-        text, where = environ[SECRET_ENV].strip(), SECRET_ENV
+    elif given:
+        text, where = given.strip(), SECRET_ENV
     else:
         raise UsageError(
             f"per-node mode needs the job's secret, the same on every node: set {SECRET_ENV} "
@@ -181,7 +184,7 @@ def _serve(n: NodeOptions, iface: str | None) -> KVStoreServer:
     Never every address unless asked: that would offer the store to every network the
     node is on.  Raises StoreError or NetworkError."""
     limits = StoreLimits.for_job(n.nnodes * n.nproc_per_node)
-    address = os.environ.get(BIND_ENV, "").strip()
+    address = (config.Store.from_environment().bind or "").strip()
     if not address and iface:
         address = interface_address(iface)
     if address:

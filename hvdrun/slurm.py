@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import re
 
+from .config import Slurm
+
 __all__ = ["DEFAULT_PORT_BASE", "expand_hostlist", "in_job_step", "node_defaults"]
 
 DEFAULT_PORT_BASE = 29400  # torchrun's default rendezvous port
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
-def in_job_step(environ) -> bool:
+def in_job_step(environ=None) -> bool:
     """True inside `srun` (a job step), not in the batch script itself."""
-    return "SLURM_PROCID" in environ and "SLURM_NODEID" in environ
+    return Slurm.from_environment(environ).in_job_step
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -60,20 +62,20 @@ def _split_top_level(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def node_defaults(environ) -> dict[str, str]:
-    """Per-node option values (launch.parse_args's keys) from SLURM_* variables; empty
-    outside a job step.  Flags given on the command line win over these."""
-    if not in_job_step(environ):
+def node_defaults(environ=None) -> dict[str, str]:
+    """Per-node option values (launch.parse_args's keys) from SLURM_* variables (in
+    environ, None: os.environ); empty outside a job step.  Flags given on the command
+    line win over these."""
+    slurm = Slurm.from_environment(environ)
+    if not slurm.in_job_step:
         return {}
     out: dict[str, str] = {}
-    nnodes = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")
-    if nnodes:
-        out["nnodes"] = nnodes
-    out["node_rank"] = environ["SLURM_NODEID"]
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if nodelist:
-        first = expand_hostlist(nodelist)[0]
-        job_id = int(environ.get("SLURM_JOB_ID", "0") or 0)
+    if slurm.nodes:
+        out["nnodes"] = slurm.nodes
+    out["node_rank"] = slurm.nodeid
+    if slurm.node_list:
+        first = expand_hostlist(slurm.node_list)[0]
+        job_id = slurm.job_number()
         # One port per job, so that two jobs sharing a first node do not collide.
         out["rdzv_endpoint"] = f"{first}:{DEFAULT_PORT_BASE + job_id % 1000}"
     return out

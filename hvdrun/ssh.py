@@ -26,6 +26,8 @@ import shlex
 import subprocess
 import time
 
+from .config import Launch
+
 __all__ = ["SSH_FAILED", "SshSettings", "check_reachable", "remote_command"]
 
 SSH_FAILED = 255  # ssh's exit code for its own errors
@@ -47,8 +49,9 @@ class SshSettings:
             "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
             "-o", "LogLevel=ERROR",
         ]  # fmt: skip
-        if os.environ.get("HVD_TORCH_SSH_STRICT", "") != "1":
-            # horovodrun's default: cluster nodes come and go, their keys with them.
+        if not Launch.from_environment().strict_host_keys:
+            # horovodrun's default (unless HVD_TORCH_SSH_STRICT=1): cluster nodes come and go,
+            # their keys with them.
             cmd += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
         if self.port is not None:
             cmd += ["-p", str(self.port)]

@@ -32,13 +32,13 @@ import errno
 import heapq
 import hmac
 import itertools
-import os
 import selectors
 import socket
 import threading
 import time
 from collections.abc import Mapping
 
+from . import config
 from .args import UsageError, positive_float, positive_int
 from .output import note
 from .store_protocol import (
@@ -56,10 +56,10 @@ __all__ = [
     "StoreLimits",
 ]
 
-AUTH_TIMEOUT_ENV = "HVD_TORCH_STORE_AUTH_TIMEOUT"
-MAX_PENDING_ENV = "HVD_TORCH_STORE_MAX_PENDING"
-MAX_CLIENTS_ENV = "HVD_TORCH_STORE_MAX_CLIENTS"
-MAX_FRAME_ENV = "HVD_TORCH_STORE_MAX_FRAME"
+AUTH_TIMEOUT_ENV = config.STORE_AUTH_TIMEOUT
+MAX_PENDING_ENV = config.STORE_MAX_PENDING
+MAX_CLIENTS_ENV = config.STORE_MAX_CLIENTS
+MAX_FRAME_ENV = config.STORE_MAX_FRAME
 
 _RECV_CHUNK = 1 << 16
 # Accepted per turn of the loop, so that a connect flood cannot keep the loop from
@@ -94,23 +94,18 @@ class StoreLimits:
         --max-np).  Each rank holds one connection (its engine), an elastic worker one
         more, each launcher process one; twice that, plus room for launchers and for
         connections being replaced (a re-init connects before its old close is seen).
-        Raises StoreError for a malformed override."""
-        environ = os.environ if environ is None else environ
+        Raises StoreError for a malformed override.  environ: None for os.environ."""
+        over = config.Store.from_environment(environ)
         clients = cls.max_clients if ranks is None else 4 * ranks + 64
         try:
             return cls(
-                auth_timeout=_env(environ, AUTH_TIMEOUT_ENV, positive_float, cls.auth_timeout),
-                max_pending=_env(environ, MAX_PENDING_ENV, positive_int, cls.max_pending),
-                max_clients=_env(environ, MAX_CLIENTS_ENV, positive_int, clients),
-                max_frame=_env(environ, MAX_FRAME_ENV, positive_int, cls.max_frame),
+                auth_timeout=over.limit("auth_timeout", positive_float, cls.auth_timeout),
+                max_pending=over.limit("max_pending", positive_int, cls.max_pending),
+                max_clients=over.limit("max_clients", positive_int, clients),
+                max_frame=over.limit("max_frame", positive_int, cls.max_frame),
             )
         except UsageError as e:
             raise StoreError(str(e)) from None
-
-
-def _env(environ: Mapping[str, str], name: str, parse, default):
-    text = environ.get(name, "").strip()
-    return parse(name, text) if text else default
 
 
 class _Waiter:

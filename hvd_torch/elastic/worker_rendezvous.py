@@ -19,6 +19,7 @@ import os
 import sys
 import time
 
+from hvd_torch import config
 from hvd_torch.runner import elastic_keys as keys
 from hvd_torch.runner.env import horovod_env
 from hvd_torch.runner.store import KVStoreClient, secret_from_hex
@@ -38,7 +39,6 @@ __all__ = [
 # was superseded or the job stopped.  The wait returns at once when the key appears,
 # so this bounds only how late a worker notices a superseded round.
 _SLICE = 0.5
-_DEFAULT_TIMEOUT = 630.0
 
 
 class RendezvousError(RuntimeError):
@@ -80,7 +80,8 @@ class WorkerRendezvous:
         """MASTER_ADDR/MASTER_PORT for the round, should this worker become its rank 0:
         the address the engine would use (the route to the store) and a port free now."""
         host, _, port = self.client.address.rpartition(":")
-        address = reachable_address(host, int(port), os.environ.get("HOROVOD_GLOO_IFACE"))
+        iface = config.ElasticWorker.from_environment().iface
+        address = reachable_address(host, int(port), iface)
         return keys.JoinOffer(os.getpid(), address, free_port())
 
     def request_reset(self) -> None:
@@ -120,20 +121,17 @@ _WORKER: WorkerRendezvous | None = None
 
 def enabled() -> bool:
     """True in a worker started by an elastic driver."""
-    return keys.ENV_WORKER_ID in os.environ
+    return config.ElasticWorker.from_environment().worker_id is not None
 
 
 def _worker() -> WorkerRendezvous:
     global _WORKER
     if _WORKER is None:
-        env = os.environ
-        client = KVStoreClient(
-            env["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
-            int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
-            secret_from_hex(env["HOROVOD_SECRET_KEY"]),
-        )
-        timeout = float(env.get(keys.ENV_TIMEOUT, _DEFAULT_TIMEOUT))
-        _WORKER = WorkerRendezvous(client, env[keys.ENV_WORKER_ID], timeout)
+        env = config.ElasticWorker.from_environment()
+        host, port, secret = env.store()
+        client = KVStoreClient(host, port, secret_from_hex(secret))
+        timeout = env.timeout_s()
+        _WORKER = WorkerRendezvous(client, env.required("worker_id"), timeout)
     return _WORKER
 
 
@@ -141,15 +139,14 @@ def join_round() -> keys.Assignment:
     """Joins the next round and puts its assignment in os.environ for the engine."""
     worker = _worker()
     a = worker.join()
-    env = os.environ
-    env.update(horovod_env(
-        a.rank, a.size, env["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
-        int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]), secret_from_hex(env["HOROVOD_SECRET_KEY"]),
+    host, port, secret = config.ElasticWorker.from_environment().store()
+    os.environ.update(horovod_env(
+        a.rank, a.size, host, port, secret_from_hex(secret),
         local_rank=a.local_rank, local_size=a.local_size, cross_rank=a.cross_rank,
         cross_size=a.cross_size, hostname=a.hostname,
         master_addr=a.master_addr, master_port=a.master_port or None,
     ))  # fmt: skip
-    env["HVD_TORCH_RENDEZVOUS_SCOPE"] = keys.scope(a.round)
+    os.environ["HVD_TORCH_RENDEZVOUS_SCOPE"] = keys.scope(a.round)
     return a
 
 
