@@ -58,7 +58,7 @@ void Coordinator::join(int rank) {
     r.type = OpType::kJoin;
     r.names = {"join"};
     r.cache_ids = {-1};
-    r.first_dims = {{rank}};
+    r.last_joined_rank = rank;
     joins_done_.push_back(r);
     joined_.assign(size_, false);
     joined_count_ = 0;
@@ -95,9 +95,8 @@ std::string Coordinator::add(Arrival arrival) {
     return slot ? (*slot)[arrival.rank] : arrival.request;
   };
   // A slot never holds a process-set change (negotiate() gives them none).
-  if (!slot && arrival.request.type == OpType::kRemoveProcessSet &&
-      !arrival.request.splits.empty()) {
-    const int32_t id = static_cast<int32_t>(arrival.request.splits[0]);
+  if (!slot && arrival.request.type == OpType::kRemoveProcessSet) {
+    const int32_t id = arrival.request.set_id;
     std::vector<int> members;
     if (sets_.find(id, &members) && indexIn(members, arrival.rank) >= 0) {
       removing_[id].push_back(arrival.rank);
@@ -327,8 +326,7 @@ ReadyOp Coordinator::negotiate(Pending& p) {
   op.request = reqs[0];
   r.type = reqs[0].type;
   if (r.type == OpType::kRemoveProcessSet) {
-    for (const auto& q : reqs)  // negotiated now, whatever the outcome
-      if (!q.splits.empty()) removing_.erase(static_cast<int32_t>(q.splits[0]));
+    for (const auto& q : reqs) removing_.erase(q.set_id);  // negotiated now, whatever the outcome
   }
 
   // A slot every rank named was validated when it was created: skip the checks.
@@ -373,11 +371,12 @@ ReadyOp Coordinator::negotiate(Pending& p) {
       const Request& q = reqs[next++];
       dims.push_back(q.shape.empty() ? 1 : q.shape[0]);
     }
-    r.first_dims = {dims};
+    r.rank_first_dims = {dims};
   } else if (r.type == OpType::kAlltoall) {
     std::vector<int64_t> matrix;
-    for (const auto& q : reqs) matrix.insert(matrix.end(), q.splits.begin(), q.splits.end());
-    r.first_dims = {matrix};
+    for (const auto& q : reqs)
+      matrix.insert(matrix.end(), q.send_splits.begin(), q.send_splits.end());
+    r.alltoall_splits = {matrix};
   }
   if (r.type == OpType::kAddProcessSet || r.type == OpType::kRemoveProcessSet) {
     changeProcessSets(reqs, r);
@@ -398,9 +397,8 @@ void Coordinator::changeProcessSets(const std::vector<Request>& reqs, Response& 
     r.kind = Response::kError;
     r.error = std::string(opTypeName(q.type)) + ": " + why;
   };
-  std::vector<int> ranks(q.splits.begin(), q.splits.end());
   if (q.type == OpType::kRemoveProcessSet) {
-    const int32_t id = static_cast<int32_t>(q.splits.at(0));
+    const int32_t id = q.set_id;
     if (id == 0) return refuse("the global process set (0) cannot be removed");
     if (!sets_.find(id, nullptr)) return refuse("process set " + std::to_string(id) + " does not exist");
     for (const auto& [key, pending] : table_) {
@@ -413,6 +411,7 @@ void Coordinator::changeProcessSets(const std::vector<Request>& reqs, Response& 
     r.kind = Response::kDone;
     return;
   }
+  const std::vector<int> ranks(q.set_ranks.begin(), q.set_ranks.end());
   if (ranks.empty()) return refuse("a process set needs at least one rank");
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= size_)
@@ -430,7 +429,7 @@ void Coordinator::changeProcessSets(const std::vector<Request>& reqs, Response& 
   const int32_t id = next_set_id_++;
   sets_.add(id, ranks);
   r.kind = Response::kDone;
-  r.first_dims = {{id}};
+  r.new_set_id = id;
 }
 
 namespace {
@@ -449,22 +448,22 @@ std::string bundleMismatch(const std::vector<Request>& reqs, const std::vector<i
   const Request& a = reqs[0];
   const std::string group = "group '" + a.name + "' failed: ";
   auto members = [](const Request& x) {
-    return x.isBundle() ? std::to_string(x.memberShapes().size()) + " tensors"
+    return x.isBundle() ? std::to_string(x.bundle_shapes.size()) + " tensors"
                         : std::string("one tensor (not grouped)");
   };
-  size_t count = a.memberShapes().size();
+  const size_t count = a.bundle_shapes.size();
   for (const auto& q : reqs) {
-    if (!q.isBundle() || q.memberShapes().size() != count)
+    if (!q.isBundle() || q.bundle_shapes.size() != count)
       return group + "mismatched group sizes across ranks: " + describe(reqs, ranks, members);
   }
   for (size_t i = 0; i < count; ++i) {
     auto shape = [i](const Request& x) {
       Request one;
-      one.shape = x.memberShapes()[i];
+      one.shape = x.bundle_shapes[i];
       return one.shapeString();
     };
     for (const auto& q : reqs) {
-      if (q.memberShapes()[i] != a.memberShapes()[i])
+      if (q.bundle_shapes[i] != a.bundle_shapes[i])
         return group + "allreduce '" + bundleMemberName(a.name, i) +
                "': mismatched shapes across ranks: " + describe(reqs, ranks, shape);
     }
@@ -507,7 +506,7 @@ std::string Coordinator::validate(const std::vector<Request>& reqs,
   auto shape = [](const Request& x) { return x.shapeString(); };
   if (a.type == OpType::kAllreduce) {
     for (const auto& q : reqs) {
-      if (q.splits != a.splits) return bundleMismatch(reqs, ranks);
+      if (q.bundle_shapes != a.bundle_shapes) return bundleMismatch(reqs, ranks);
     }
   }
   if (a.type == OpType::kAllgather || a.type == OpType::kAlltoall) {
@@ -535,18 +534,23 @@ std::string Coordinator::validate(const std::vector<Request>& reqs,
   }
   if (a.type == OpType::kAlltoall) {
     for (const auto& q : reqs) {
-      if (q.splits.size() != reqs.size())
+      if (q.send_splits.size() != reqs.size())
         return mismatch("splits (one entry per rank expected)",
-                        [](const Request& x) { return x.splits.size(); });
+                        [](const Request& x) { return x.send_splits.size(); });
     }
   }
-  if (a.type == OpType::kAddProcessSet || a.type == OpType::kRemoveProcessSet) {
+  if (a.type == OpType::kAddProcessSet) {
     for (const auto& q : reqs) {
-      if (q.splits != a.splits)
-        return mismatch(a.type == OpType::kAddProcessSet ? "process set ranks" : "process set ids",
-                        [](const Request& x) {
-                          return rankList(std::vector<int>(x.splits.begin(), x.splits.end()));
-                        });
+      if (q.set_ranks != a.set_ranks)
+        return mismatch("process set ranks", [](const Request& x) {
+          return rankList(std::vector<int>(x.set_ranks.begin(), x.set_ranks.end()));
+        });
+    }
+  }
+  if (a.type == OpType::kRemoveProcessSet) {
+    for (const auto& q : reqs) {
+      if (q.set_id != a.set_id)
+        return mismatch("process set ids", [](const Request& x) { return rankList({x.set_id}); });
     }
   }
   if (a.type == OpType::kBroadcast) {

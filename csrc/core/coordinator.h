@@ -63,7 +63,7 @@ class Coordinator {
   // all other ranks submitted run without it: allreduce and reducescatter
   // with zeros from joined ranks, allgather with no rows from them, broadcast
   // from a root that has not joined (Horovod's rules). When the last rank
-  // joins, a kDone response for the name "join" carries that rank in first_dims.
+  // joins, a kDone response for the name "join" carries that rank in last_joined_rank.
   void join(int rank);
   // Average while some ranks have joined: over the whole set (Horovod's rule,
   // joined ranks count as zeros) or, with true, over the ranks that submitted

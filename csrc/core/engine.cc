@@ -447,8 +447,8 @@ std::pair<Plane, int> planeOf(const Response& response, const std::vector<Entry*
 
 void Engine::changeProcessSets(const Response& response, Entry& entry) {
   if (response.type == OpType::kAddProcessSet) {
-    const int32_t id = static_cast<int32_t>(response.first_dims.at(0).at(0));
-    const std::vector<int> ranks(entry.request.splits.begin(), entry.request.splits.end());
+    const int32_t id = response.new_set_id;
+    const std::vector<int> ranks(entry.request.set_ranks.begin(), entry.request.set_ranks.end());
     process_sets_.add(id, ranks);
     try {
       sets_.open(id, ranks);  // connects the set's data plane through the store
@@ -460,7 +460,7 @@ void Engine::changeProcessSets(const Response& response, Entry& entry) {
     }
     entry.work->setFirstDims({id});
   } else if (response.type == OpType::kRemoveProcessSet) {
-    const int32_t id = static_cast<int32_t>(entry.request.splits.at(0));
+    const int32_t id = entry.request.set_id;
     process_sets_.remove(id);
     sets_.remove(id);
   }
@@ -508,7 +508,7 @@ void Engine::run(const Response& response) {
     }
   }
   if (response.type == OpType::kJoin) {
-    entries[0]->work->setFirstDims(response.first_dims[0]);
+    entries[0]->work->setFirstDims({response.last_joined_rank});
     joined_ = false;
   }
   Status status;

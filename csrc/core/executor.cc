@@ -36,11 +36,8 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
       return allreduce(entries, divisor);
     case OpType::kAllgather:
       if (entries.size() > 1 && backend_ != nullptr) return allgatherFused(response, entries);
-      for (size_t i = 0; i < entries.size(); ++i) {
-        Response one = response;
-        one.first_dims = {response.first_dims[i]};
-        allgather(one, *entries[i]);
-      }
+      for (size_t i = 0; i < entries.size(); ++i)
+        allgather(response.rank_first_dims[i], *entries[i]);
       return;
     case OpType::kBroadcast:
       if (entries.size() > 1 && backend_ != nullptr) return broadcastFused(entries);
@@ -53,11 +50,8 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
       for (Entry* e : entries) reducescatter(*e, divisor);
       return;
     case OpType::kAlltoall:
-      for (size_t i = 0; i < entries.size(); ++i) {
-        Response one = response;
-        one.first_dims = {response.first_dims[i]};
-        alltoall(one, *entries[i]);
-      }
+      for (size_t i = 0; i < entries.size(); ++i)
+        alltoall(response.alltoall_splits[i], *entries[i]);
       return;
   }
 }
@@ -147,10 +141,9 @@ void Executor::reducescatter(Entry& e, int divisor) {
   memory_->copy(out, slice, count * dataTypeSize(q.dtype));
 }
 
-void Executor::alltoall(const Response& response, Entry& e) {
-  // first_dims[0] is every rank's splits, row-major: rank s sends
-  // matrix[s * n + d] rows to rank d.
-  const std::vector<int64_t>& matrix = response.first_dims[0];
+void Executor::alltoall(const std::vector<int64_t>& matrix, Entry& e) {
+  // Every rank's splits, row-major: rank s sends matrix[s * n + d] rows to
+  // rank d.
   const int n = size_;
   const int me = rank_;
   const int64_t row = e.request.rowElements();
@@ -215,8 +208,7 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
   if (spans.size() > 1) unpackOutputs(spans, elem, buf);
 }
 
-void Executor::allgather(const Response& response, Entry& e) {
-  const std::vector<int64_t>& dims = response.first_dims[0];
+void Executor::allgather(const std::vector<int64_t>& dims, Entry& e) {
   const int64_t row = e.request.rowElements();
   const int64_t total_rows = std::accumulate(dims.begin(), dims.end(), int64_t{0});
   e.work->setFirstDims(dims);
@@ -241,7 +233,7 @@ void Executor::allgatherFused(const Response& response, const std::vector<Entry*
   std::vector<size_t> counts(size_, 0);  // elements per rank, all tensors
   std::vector<char*> outs(k);
   for (size_t i = 0; i < k; ++i) {
-    const std::vector<int64_t>& dims = response.first_dims[i];
+    const std::vector<int64_t>& dims = response.rank_first_dims[i];
     const int64_t row = entries[i]->request.rowElements();
     entries[i]->work->setFirstDims(dims);
     outs[i] = static_cast<char*>(
@@ -262,7 +254,7 @@ void Executor::allgatherFused(const Response& response, const std::vector<Entry*
   std::vector<size_t> written(k, 0);
   for (int r = 0; r < size_; ++r) {
     for (size_t i = 0; i < k; ++i) {
-      const size_t bytes = static_cast<size_t>(response.first_dims[i][r] *
+      const size_t bytes = static_cast<size_t>(response.rank_first_dims[i][r] *
                                                entries[i]->request.rowElements()) * elem;
       memory_->copy(outs[i] + written[i], block, bytes);
       written[i] += bytes;

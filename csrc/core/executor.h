@@ -41,13 +41,15 @@ class Executor {
 
  private:
   void allreduce(const std::vector<Entry*>& entries, int divisor);
-  void allgather(const Response& response, Entry& entry);
+  // dims: each rank's first dimension (Response::rank_first_dims).
+  void allgather(const std::vector<int64_t>& dims, Entry& entry);
   void broadcast(Entry& entry);
   void packInputs(const std::vector<Backend::Span>& spans, size_t elem, char* buf);
   void unpackOutputs(const std::vector<Backend::Span>& spans, size_t elem, const char* buf);
   void allgatherFused(const Response& response, const std::vector<Entry*>& entries);
   void broadcastFused(const std::vector<Entry*>& entries);
-  void alltoall(const Response& response, Entry& entry);
+  // matrix: every rank's splits (Response::alltoall_splits).
+  void alltoall(const std::vector<int64_t>& matrix, Entry& entry);
   void reducescatter(Entry& entry, int divisor);
 
   Backend* backend_;

@@ -48,8 +48,8 @@ std::vector<Response> planFusion(std::vector<ReadyOp> ready, size_t threshold_by
       bytes += more;
       group.names.push_back(ready[j].response.names[0]);
       group.cache_ids.push_back(ready[j].response.cache_ids[0]);
-      if (!ready[j].response.first_dims.empty())
-        group.first_dims.push_back(ready[j].response.first_dims[0]);
+      if (!ready[j].response.rank_first_dims.empty())
+        group.rank_first_dims.push_back(ready[j].response.rank_first_dims[0]);
       if (!ready[j].response.templates.empty())
         group.templates.push_back(ready[j].response.templates[0]);
     }

@@ -1,9 +1,64 @@
 #include "message.h"
 
-#include <algorithm>
 #include <sstream>
 
 namespace hvd {
+
+namespace {
+
+// A list of int64 lists: a u32 count, then each list as putInt64s writes it.
+void putInt64Lists(Writer& w, const std::vector<std::vector<int64_t>>& lists) {
+  w.put<uint32_t>(static_cast<uint32_t>(lists.size()));
+  for (const auto& values : lists) w.putInt64s(values);
+}
+
+std::vector<std::vector<int64_t>> getInt64Lists(Reader& r) {
+  std::vector<std::vector<int64_t>> lists(r.getCount(sizeof(uint32_t)));
+  for (auto& values : lists) values = r.getInt64s();
+  return lists;
+}
+
+}  // namespace
+
+ShapeList::ShapeList(std::initializer_list<std::vector<int64_t>> shapes) {
+  for (const auto& shape : shapes) add(shape.data(), shape.size());
+}
+
+void ShapeList::reserve(size_t shapes, size_t dims) {
+  ends_.reserve(shapes);
+  dims_.reserve(dims);
+}
+
+void ShapeList::add(const int64_t* dims, size_t count) {
+  dims_.insert(dims_.end(), dims, dims + count);
+  ends_.push_back(dims_.size());
+}
+
+std::vector<int64_t> ShapeList::operator[](size_t i) const {
+  const size_t begin = i == 0 ? 0 : ends_[i - 1];
+  return std::vector<int64_t>(dims_.begin() + begin, dims_.begin() + ends_[i]);
+}
+
+void ShapeList::encode(Writer& w) const {
+  w.put<uint32_t>(static_cast<uint32_t>(size()));
+  size_t begin = 0;
+  for (size_t end : ends_) {
+    w.put<uint32_t>(static_cast<uint32_t>(end - begin));
+    w.append(dims_.data() + begin, (end - begin) * sizeof(int64_t));
+    begin = end;
+  }
+}
+
+ShapeList ShapeList::decode(Reader& r) {
+  ShapeList list;
+  const uint32_t n = r.getCount(sizeof(uint32_t));
+  list.ends_.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const std::vector<int64_t> dims = r.getInt64s();
+    list.add(dims.data(), dims.size());
+  }
+  return list;
+}
 
 int64_t Request::numElements() const {
   int64_t n = 1;
@@ -40,7 +95,27 @@ void Request::encode(Writer& w) const {
   w.put<double>(postscale);
   w.putString(name);
   w.putInt64s(shape);
-  w.putInt64s(splits);
+  // The type's own field, if it has one (message.h).
+  switch (type) {
+    case OpType::kAllreduce:
+      bundle_shapes.encode(w);
+      break;
+    case OpType::kAlltoall:
+      w.putInt64s(send_splits);
+      break;
+    case OpType::kAddProcessSet:
+      w.putInt64s(set_ranks);
+      break;
+    case OpType::kRemoveProcessSet:
+      w.put<int32_t>(set_id);
+      break;
+    case OpType::kAllgather:
+    case OpType::kBroadcast:
+    case OpType::kBarrier:
+    case OpType::kReducescatter:
+    case OpType::kJoin:
+      break;
+  }
   w.putString(group);
   w.put<int32_t>(group_size);
   w.put<int32_t>(device);
@@ -58,7 +133,22 @@ Request Request::decode(Reader& r) {
   q.postscale = r.get<double>();
   q.name = r.getString();
   q.shape = r.getInt64s();
-  q.splits = r.getInt64s();
+  switch (q.type) {
+    case OpType::kAllreduce:
+      q.bundle_shapes = ShapeList::decode(r);
+      break;
+    case OpType::kAlltoall:
+      q.send_splits = r.getInt64s();
+      break;
+    case OpType::kAddProcessSet:
+      q.set_ranks = r.getInt64s();
+      break;
+    case OpType::kRemoveProcessSet:
+      q.set_id = r.get<int32_t>();
+      break;
+    default:  // the other types, and a byte no type has: nothing more
+      break;
+  }
   q.group = r.getString();
   q.group_size = r.get<int32_t>();
   q.device = r.get<int32_t>();
@@ -70,8 +160,10 @@ bool Request::operator==(const Request& o) const {
   return type == o.type && dtype == o.dtype && reduce_op == o.reduce_op &&
          root_rank == o.root_rank && process_set == o.process_set &&
          prescale == o.prescale && postscale == o.postscale && name == o.name &&
-         shape == o.shape && splits == o.splits && group == o.group &&
-         group_size == o.group_size && device == o.device && plane == o.plane;
+         shape == o.shape && send_splits == o.send_splits &&
+         bundle_shapes == o.bundle_shapes && set_ranks == o.set_ranks && set_id == o.set_id &&
+         group == o.group && group_size == o.group_size && device == o.device &&
+         plane == o.plane;
 }
 
 void Response::encode(Writer& w) const {
@@ -80,10 +172,25 @@ void Response::encode(Writer& w) const {
   w.put<uint32_t>(static_cast<uint32_t>(names.size()));
   for (const auto& n : names) w.putString(n);
   w.put<int32_t>(process_set);
-  w.put<uint32_t>(static_cast<uint32_t>(first_dims.size()));
-  for (const auto& dims : first_dims) {
-    w.put<uint32_t>(static_cast<uint32_t>(dims.size()));
-    for (int64_t d : dims) w.put<int64_t>(d);
+  switch (type) {
+    case OpType::kAllgather:
+      putInt64Lists(w, rank_first_dims);
+      break;
+    case OpType::kAlltoall:
+      putInt64Lists(w, alltoall_splits);
+      break;
+    case OpType::kAddProcessSet:
+      w.put<int32_t>(new_set_id);
+      break;
+    case OpType::kJoin:
+      w.put<int32_t>(last_joined_rank);
+      break;
+    case OpType::kAllreduce:
+    case OpType::kBroadcast:
+    case OpType::kBarrier:
+    case OpType::kReducescatter:
+    case OpType::kRemoveProcessSet:
+      break;
   }
   w.put<uint32_t>(static_cast<uint32_t>(cache_ids.size()));
   for (int32_t id : cache_ids) w.put<int32_t>(id);
@@ -102,10 +209,21 @@ Response Response::decode(Reader& r) {
   p.names.resize(r.getCount(sizeof(uint32_t)));
   for (auto& n : p.names) n = r.getString();
   p.process_set = r.get<int32_t>();
-  p.first_dims.resize(r.getCount(sizeof(uint32_t)));
-  for (auto& dims : p.first_dims) {
-    dims.resize(r.getCount(sizeof(int64_t)));
-    for (auto& d : dims) d = r.get<int64_t>();
+  switch (p.type) {
+    case OpType::kAllgather:
+      p.rank_first_dims = getInt64Lists(r);
+      break;
+    case OpType::kAlltoall:
+      p.alltoall_splits = getInt64Lists(r);
+      break;
+    case OpType::kAddProcessSet:
+      p.new_set_id = r.get<int32_t>();
+      break;
+    case OpType::kJoin:
+      p.last_joined_rank = r.get<int32_t>();
+      break;
+    default:  // the other types, and a byte no type has: nothing more
+      break;
   }
   p.cache_ids.resize(r.getCount(sizeof(int32_t)));
   for (auto& id : p.cache_ids) id = r.get<int32_t>();
@@ -118,19 +236,6 @@ Response Response::decode(Reader& r) {
   p.templates.resize(r.getCount(1));
   for (auto& q : p.templates) q = Request::decode(r);
   return p;
-}
-
-std::vector<std::vector<int64_t>> Request::memberShapes() const {
-  std::vector<std::vector<int64_t>> shapes;
-  if (splits.empty()) return shapes;
-  size_t at = 1;
-  for (int64_t i = 0; i < splits[0] && at < splits.size(); ++i) {
-    const size_t rank = static_cast<size_t>(splits[at++]);
-    const size_t end = std::min(splits.size(), at + rank);
-    shapes.emplace_back(splits.begin() + at, splits.begin() + end);
-    at = end;
-  }
-  return shapes;
 }
 
 std::string bundleMemberName(const std::string& group, size_t index) {

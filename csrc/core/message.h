@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,33 @@
 #include "wire.h"
 
 namespace hvd {
+
+// A list of shapes, held flat in two vectors: a bundle's request is built on
+// every rank, and copied by the coordinator, at every step, and a vector per
+// member made that 7 us instead of 0.4 us for 100 members (a bundle of 100 x
+// 1 KiB takes about 35 us in all).
+class ShapeList {
+ public:
+  ShapeList() = default;
+  ShapeList(std::initializer_list<std::vector<int64_t>> shapes);
+
+  void reserve(size_t shapes, size_t dims);
+  void add(const int64_t* dims, size_t count);
+  size_t size() const { return ends_.size(); }
+  bool empty() const { return ends_.empty(); }
+  // The i-th shape (i < size()).
+  std::vector<int64_t> operator[](size_t i) const;
+  bool operator==(const ShapeList& o) const { return ends_ == o.ends_ && dims_ == o.dims_; }
+  bool operator!=(const ShapeList& o) const { return !(*this == o); }
+
+  // A u32 count, then each shape as Writer::putInt64s writes it.
+  void encode(Writer& w) const;
+  static ShapeList decode(Reader& r);
+
+ private:
+  std::vector<int64_t> dims_;  // every shape's dimensions, in order
+  std::vector<size_t> ends_;   // shape i is dims_[ends_[i - 1], ends_[i])
+};
 
 // One rank's description of one named collective.
 struct Request {
@@ -22,11 +50,18 @@ struct Request {
   double postscale = 1.0;
   std::string name;
   std::vector<int64_t> shape;
-  // Alltoall: rows of the first dimension this rank sends to each rank.
-  // kAddProcessSet: the new set's global ranks. kRemoveProcessSet: {id}.
-  // Allreduce bundle (a grouped allreduce submitted as one op, whose shape is
-  // {total elements}): its members' shapes, memberShapes()' encoding.
-  std::vector<int64_t> splits;
+  // What one type of op carries besides the above. The wire carries only the
+  // field of the request's type: a decoded request has the others empty.
+  // kAlltoall: rows of the first dimension this rank sends to each rank.
+  std::vector<int64_t> send_splits;
+  // kAllreduce of a bundle (a grouped allreduce submitted as one op, whose
+  // shape is {total elements}): its members' shapes, in order; empty for a
+  // plain allreduce.
+  ShapeList bundle_shapes;
+  // kAddProcessSet: the new set's global ranks, as the caller gave them.
+  std::vector<int64_t> set_ranks;
+  // kRemoveProcessSet: the set to remove.
+  int32_t set_id = 0;
   // Grouped ops: members of one group are negotiated and run as a unit.
   std::string group;       // empty: not grouped
   int32_t group_size = 0;  // members in the group
@@ -43,10 +78,7 @@ struct Request {
   // "cpu", "cuda:1 (nccl)", "cuda:0 (host-staged)": for error messages.
   std::string deviceString() const;
 
-  // A bundle's member shapes, which splits holds as {count, then each shape's
-  // number of dimensions and its dimensions}.
-  bool isBundle() const { return type == OpType::kAllreduce && !splits.empty(); }
-  std::vector<std::vector<int64_t>> memberShapes() const;
+  bool isBundle() const { return type == OpType::kAllreduce && !bundle_shapes.empty(); }
 
   void encode(Writer& w) const;
   static Request decode(Reader& r);
@@ -69,10 +101,17 @@ struct Response {
   std::vector<std::string> names;
   // The process set the names belong to: ranks outside it skip the response.
   int32_t process_set = 0;
-  // Allgather: first dimension of each rank's tensor, per name (names x ranks).
-  // Alltoall: every rank's splits, row-major (ranks x ranks), per name.
-  // kAddProcessSet: {{the new set's id}}.
-  std::vector<std::vector<int64_t>> first_dims;
+  // What one type of response carries; as in Request, only the field of the
+  // response's type is on the wire.
+  // kAllgather: each rank's first dimension (set order), one list per name.
+  std::vector<std::vector<int64_t>> rank_first_dims;
+  // kAlltoall: every rank's send_splits, one matrix per name, row-major
+  // (ranks x ranks in set order): rank s sends [s * ranks + d] rows to rank d.
+  std::vector<std::vector<int64_t>> alltoall_splits;
+  // kAddProcessSet (kDone): the id the coordinator gave the new set.
+  int32_t new_set_id = 0;
+  // kJoin (kDone): the rank that joined last.
+  int32_t last_joined_rank = -1;
   // Cache slot the coordinator assigned to each name (-1 = not cached).
   std::vector<int32_t> cache_ids;
   // kError: what went wrong and its kind; the coordinator's verdicts on what

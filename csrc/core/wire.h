@@ -34,7 +34,8 @@ class Writer {
     put<uint32_t>(static_cast<uint32_t>(n));
     append(data, n);
   }
-  // A u32 count, then the values in one copy (member shapes run to thousands).
+  // A u32 count, then the values in one copy (an alltoall matrix runs to
+  // millions at thousands of ranks).
   void putInt64s(const std::vector<int64_t>& values) {
     put<uint32_t>(static_cast<uint32_t>(values.size()));
     append(values.data(), values.size() * sizeof(int64_t));

@@ -394,7 +394,7 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
   Entry e;
   Pending p;
   e.request = baseRequest(OpType::kAlltoall, tensor, dtype, name, process_set);
-  e.request.splits = send;
+  e.request.send_splits = send;
   bindRowsOutput(takeInput(tensor, dtype, "alltoall", name, e, p), e, p, into);
   return enqueue(*engine, std::move(e), std::move(p), true, HandleKind::kAlltoall);
 }
@@ -466,15 +466,12 @@ Bundle enqueueBundle(Engine& engine, at::TensorList tensors, bool in_place,
   e.parts.reserve(tensors.size());
   auto owned = std::make_shared<std::vector<at::Tensor>>();
   owned->reserve(in_place ? (caller_waits ? 0 : tensors.size()) : 2 * tensors.size());
-  // The member shapes as Request::memberShapes() reads them.
-  std::vector<int64_t>& shapes = e.request.splits;
-  shapes.push_back(static_cast<int64_t>(tensors.size()));
+  ShapeList& shapes = e.request.bundle_shapes;
+  shapes.reserve(tensors.size(), 2 * tensors.size());
   int64_t total = 0;
-  shapes.reserve(1 + 3 * tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& tensor = tensors[i];
-    shapes.push_back(tensor.dim());
-    shapes.insert(shapes.end(), tensor.sizes().begin(), tensor.sizes().end());
+    shapes.add(tensor.sizes().data(), tensor.sizes().size());
     if (in_place && caller_waits && tensor.is_contiguous()) {
       void* data = tensor.data_ptr();
       e.parts.push_back({data, data, static_cast<size_t>(tensor.numel())});
@@ -639,14 +636,13 @@ int64_t submitBarrier(int64_t process_set, const std::string& name) {
 namespace {
 
 // Registry changes run on the global set like an op, and wait for it.
-std::vector<int64_t> changeProcessSets(OpType type, const char* what,
-                                       std::vector<int64_t> argument) {
+// `change`: the request's type and its set_ranks or set_id.
+std::vector<int64_t> changeProcessSets(Request change, const char* what) {
   auto engine = requireEngine(what);
   Entry e;
-  e.request.type = type;
+  e.request = std::move(change);
   e.request.dtype = DataType::kUInt8;
   e.request.name = opName(what, "", 0);
-  e.request.splits = std::move(argument);
   Pending p;
   p.result = at::zeros({}, at::kLong);
   Pending done;
@@ -657,11 +653,17 @@ std::vector<int64_t> changeProcessSets(OpType type, const char* what,
 }  // namespace
 
 int64_t addProcessSet(const std::vector<int64_t>& ranks) {
-  return changeProcessSets(OpType::kAddProcessSet, "add_process_set", ranks).at(0);
+  Request add;
+  add.type = OpType::kAddProcessSet;
+  add.set_ranks = ranks;
+  return changeProcessSets(std::move(add), "add_process_set").at(0);
 }
 
 void removeProcessSet(int64_t id) {
-  changeProcessSets(OpType::kRemoveProcessSet, "remove_process_set", {id});
+  Request remove;
+  remove.type = OpType::kRemoveProcessSet;
+  remove.set_id = static_cast<int32_t>(id);
+  changeProcessSets(std::move(remove), "remove_process_set");
 }
 
 }  // namespace torch_layer

@@ -64,9 +64,10 @@ TEST(bye_round_trips) {
 TEST(responses_round_trip_in_order) {
   Response a;
   a.kind = Response::kExecute;
+  a.type = OpType::kAllgather;
   a.names = {"x", "y"};
   a.cache_ids = {1, -1};
-  a.first_dims = {{2, 3}, {4, 5}};
+  a.rank_first_dims = {{2, 3}, {4, 5}};
   Response b;
   b.kind = Response::kError;
   b.names = {"z"};
@@ -77,7 +78,7 @@ TEST(responses_round_trip_in_order) {
   CHECK_EQ(f.responses.size(), size_t{2});
   if (f.responses.size() != 2) return;
   CHECK(f.responses[0].names == a.names);
-  CHECK(f.responses[0].first_dims == a.first_dims);
+  CHECK(f.responses[0].rank_first_dims == a.rank_first_dims);
   CHECK(f.responses[0].cache_ids == a.cache_ids);
   CHECK(f.responses[1].kind == Response::kError);
   CHECK_EQ(f.responses[1].error, std::string("shapes differ"));

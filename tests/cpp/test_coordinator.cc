@@ -1,7 +1,8 @@
 // Negotiation on rank 0 (csrc/core/coordinator.h), driven directly: arrivals
 // from simulated ranks go in, responses come out. Covers readiness across
 // submission orders, the emission order, validation errors that name every
-// rank's value, allgather first dimensions, inline reduction, the response
+// rank's value, each type's payload (allgather first dimensions, the alltoall
+// matrix, bundle shapes, process sets, join), inline reduction, the response
 // cache and stall reporting.
 #include <algorithm>
 #include <chrono>
@@ -282,12 +283,12 @@ TEST(allgather_first_dims_per_rank) {
   });
   CHECK_EQ(r.kind, Response::kExecute);
   CHECK_EQ(r.type, OpType::kAllgather);
-  CHECK_EQ(r.first_dims, (std::vector<std::vector<int64_t>>{{2, 0, 5}}));
+  CHECK_EQ(r.rank_first_dims, (std::vector<std::vector<int64_t>>{{2, 0, 5}}));
 
   // A scalar counts as one row per rank.
   Response s =
       negotiateOne(2, req("s", {}, DataType::kFloat32, OpType::kAllgather), [](int, Request&) {});
-  CHECK_EQ(s.first_dims, (std::vector<std::vector<int64_t>>{{1, 1}}));
+  CHECK_EQ(s.rank_first_dims, (std::vector<std::vector<int64_t>>{{1, 1}}));
 
   // All dimensions but the first must agree.
   Response bad = negotiateOne(2, g, [](int rank, Request& q) { q.shape[1] = rank == 0 ? 3 : 4; });
@@ -316,7 +317,38 @@ TEST(allgathers_fuse_and_broadcasts_fuse_per_root) {
   std::vector<Response> out = c.takeReady();
   // One collective per (op, dtype, root); each allgather keeps its own rows.
   CHECK_EQ(order(out), (std::vector<std::string>{"g1+g2", "b1+b2", "b3", "g3"}));
-  CHECK_EQ(out[0].first_dims, (std::vector<std::vector<int64_t>>{{2, 2}, {1, 2}}));
+  CHECK_EQ(out[0].rank_first_dims, (std::vector<std::vector<int64_t>>{{2, 2}, {1, 2}}));
+}
+
+TEST(alltoall_gives_every_ranks_send_splits_as_one_matrix) {
+  Request a = req("a2a", {3, 2}, DataType::kFloat32, OpType::kAlltoall);
+  Response r = negotiateOne(2, a, [](int rank, Request& q) {
+    q.send_splits = rank == 0 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{3, 0};
+  });
+  CHECK_EQ(r.kind, Response::kExecute);
+  CHECK_EQ(r.alltoall_splits, (std::vector<std::vector<int64_t>>{{1, 2, 3, 0}}));
+  CHECK(r.rank_first_dims.empty());
+  Response bad = negotiateOne(2, a, [](int rank, Request& q) {
+    q.send_splits = rank == 0 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{3};
+  });
+  CHECK_EQ(bad.kind, Response::kError);
+  CHECK(contains(bad.error, "mismatched splits (one entry per rank expected)"));
+  CHECK(contains(bad.error, "rank 1 1"));
+}
+
+TEST(bundle_mismatch_names_the_member_whose_shape_differs) {
+  Request b = req("grads", {7});
+  b.bundle_shapes = {{2, 2}, {3}};
+  Response r = negotiateOne(2, b, [](int rank, Request& q) {
+    if (rank == 1) q.bundle_shapes = {{2, 2}, {1, 3}};
+  });
+  CHECK_EQ(r.kind, Response::kError);
+  CHECK(contains(r.error, "group 'grads' failed: allreduce 'grads.1': mismatched shapes"));
+  CHECK(contains(r.error, "rank 0 [3], rank 1 [1, 3]"));
+  r = negotiateOne(2, b, [](int rank, Request& q) {
+    if (rank == 1) q.bundle_shapes = {{2, 2}};
+  });
+  CHECK(contains(r.error, "mismatched group sizes across ranks: rank 0 2 tensors, rank 1 1 tensors"));
 }
 
 TEST(barrier_is_done_without_data) {
@@ -440,7 +472,7 @@ TEST(cache_second_negotiation_by_slot_id_reuses_the_slot) {
   CHECK_EQ(second[0].kind, Response::kExecute);
   CHECK_EQ(second[0].names, (std::vector<std::string>{"feat"}));
   CHECK_EQ(second[0].cache_ids, (std::vector<int32_t>{0}));
-  CHECK_EQ(second[0].first_dims, (std::vector<std::vector<int64_t>>{{1, 2, 3}}));
+  CHECK_EQ(second[0].rank_first_dims, (std::vector<std::vector<int64_t>>{{1, 2, 3}}));
   CHECK_EQ(c.cacheSize(), 1u);  // no new slot
 }
 
@@ -456,13 +488,13 @@ TEST(cache_renegotiated_name_keeps_its_slot) {
     std::vector<Response> out = c.takeReady();
     if (!CHECK_EQ(out.size(), 1u)) return;
     CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{0}));
-    CHECK_EQ(out[0].first_dims, (std::vector<std::vector<int64_t>>{{rows, rows + 1}}));
+    CHECK_EQ(out[0].rank_first_dims, (std::vector<std::vector<int64_t>>{{rows, rows + 1}}));
   }
   CHECK_EQ(c.cacheSize(), 1u);
   for (int r = 0; r < 2; ++r) CHECK_EQ(c.add(cached(r, 0)), "");
   std::vector<Response> out = c.takeReady();
   if (CHECK_EQ(out.size(), 1u))
-    CHECK_EQ(out[0].first_dims, (std::vector<std::vector<int64_t>>{{5, 6}}));
+    CHECK_EQ(out[0].rank_first_dims, (std::vector<std::vector<int64_t>>{{5, 6}}));
   // The cache (capacity 1) is full, yet the name still has its slot, and
   // another name gets none.
   for (int r = 0; r < 2; ++r) c.add(arrive(r, req("other")));
@@ -541,7 +573,7 @@ TEST(cached_arrivals_read_their_own_slot_in_a_recycled_entry) {
     if (!CHECK_EQ(out.size(), 1u)) return;
     CHECK_EQ(out[0].names, (std::vector<std::string>{slot == 0 ? "x" : "y"}));
     CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{slot}));
-    CHECK_EQ(out[0].first_dims,
+    CHECK_EQ(out[0].rank_first_dims,
              (std::vector<std::vector<int64_t>>{slot == 0 ? std::vector<int64_t>{1, 2, 3}
                                                           : std::vector<int64_t>{7, 8, 9}}));
   }
@@ -552,7 +584,7 @@ TEST(cached_arrivals_read_their_own_slot_in_a_recycled_entry) {
   std::vector<Response> out = c.takeReady();
   if (!CHECK_EQ(out.size(), 1u)) return;
   CHECK_EQ(out[0].kind, Response::kExecute);
-  CHECK_EQ(out[0].first_dims, (std::vector<std::vector<int64_t>>{{1, 2, 0}}));
+  CHECK_EQ(out[0].rank_first_dims, (std::vector<std::vector<int64_t>>{{1, 2, 0}}));
 }
 
 TEST(unknown_cache_slot_is_an_error) {
@@ -679,11 +711,11 @@ namespace {
 // Registers `ranks` as a process set through negotiation; returns its id.
 int32_t addSet(Coordinator& c, int size, const std::vector<int64_t>& ranks, const char* name) {
   Request q = req(name, {}, DataType::kUInt8, OpType::kAddProcessSet);
-  q.splits = ranks;
+  q.set_ranks = ranks;
   for (int r = 0; r < size; ++r) CHECK_EQ(c.add(arrive(r, q)), "");
   std::vector<Response> out = c.takeReady();
   if (!CHECK_EQ(out.size(), 1u) || !CHECK_EQ(out[0].kind, Response::kDone)) return -1;
-  return static_cast<int32_t>(out[0].first_dims.at(0).at(0));
+  return out[0].new_set_id;
 }
 
 }  // namespace
@@ -703,7 +735,7 @@ TEST(process_set_op_is_ready_when_its_members_submitted) {
   if (!CHECK_EQ(out.size(), 1u)) return;
   CHECK_EQ(out[0].kind, Response::kExecute);
   CHECK_EQ(out[0].process_set, id);
-  CHECK_EQ(out[0].first_dims, (std::vector<std::vector<int64_t>>{{1, 2}}));
+  CHECK_EQ(out[0].rank_first_dims, (std::vector<std::vector<int64_t>>{{1, 2}}));
 }
 
 TEST(one_name_in_two_process_sets_are_two_ops) {
@@ -759,17 +791,37 @@ TEST(arrival_from_outside_the_process_set_is_refused) {
 TEST(add_process_set_errors_name_the_ranks) {
   Coordinator c(3, kNoFusion, 16);
   Response r = negotiateOne(3, req("add", {}, DataType::kUInt8, OpType::kAddProcessSet),
-                            [](int rank, Request& q) { q.splits = {0, rank == 1 ? 2 : 1}; });
+                            [](int rank, Request& q) { q.set_ranks = {0, rank == 1 ? 2 : 1}; });
   CHECK_EQ(r.kind, Response::kError);
   CHECK(contains(r.error, "mismatched process set ranks"));
   CHECK(contains(r.error, "rank 0 [0, 1]"));
   CHECK(contains(r.error, "rank 1 [0, 2]"));
   r = negotiateOne(2, req("add", {}, DataType::kUInt8, OpType::kAddProcessSet),
-                   [](int, Request& q) { q.splits = {0, 5}; });
+                   [](int, Request& q) { q.set_ranks = {0, 5}; });
   CHECK(contains(r.error, "rank 5 is out of range for 2 ranks"));
   r = negotiateOne(2, req("add", {}, DataType::kUInt8, OpType::kAddProcessSet),
-                   [](int, Request& q) { q.splits = {0, 1}; });
+                   [](int, Request& q) { q.set_ranks = {0, 1}; });
   CHECK(contains(r.error, "process set 0 already has ranks [0, 1]"));
+}
+
+TEST(remove_process_set_ids_must_match) {
+  Response r = negotiateOne(2, req("rm", {}, DataType::kUInt8, OpType::kRemoveProcessSet),
+                            [](int rank, Request& q) { q.set_id = rank + 1; });
+  CHECK_EQ(r.kind, Response::kError);
+  CHECK(contains(r.error, "mismatched process set ids across ranks: rank 0 [1], rank 1 [2]"));
+}
+
+TEST(the_last_join_is_done_and_names_the_rank_that_joined_last) {
+  Coordinator c(3, kNoFusion, 16);
+  c.join(2);
+  c.join(0);
+  CHECK(c.takeReady().empty());
+  c.join(1);
+  std::vector<Response> out = c.takeReady();
+  if (!CHECK_EQ(out.size(), 1u)) return;
+  CHECK_EQ(out[0].kind, Response::kDone);
+  CHECK_EQ(out[0].type, OpType::kJoin);
+  CHECK_EQ(out[0].last_joined_rank, 1);
 }
 
 TEST(a_cached_op_failed_by_a_removal_leaves_no_entry_for_its_slot) {
@@ -781,7 +833,7 @@ TEST(a_cached_op_failed_by_a_removal_leaves_no_entry_for_its_slot) {
   const int32_t slot = slotOnSet(d, pair, "step", {0, 1});
   CHECK_EQ(d.add(cached(0, slot)), "");
   Request rm = req("rm", {}, DataType::kUInt8, OpType::kRemoveProcessSet);
-  rm.splits = {pair};
+  rm.set_id = pair;
   CHECK_EQ(d.add(arrive(1, rm)), "");
   std::vector<Response> out = d.takeReady();
   if (!CHECK_EQ(out.size(), 1u)) return;
@@ -805,7 +857,7 @@ TEST(remove_process_set_fails_ops_the_remover_never_submitted) {
   op.process_set = pair;
   CHECK_EQ(d.add(arrive(0, op)), "");  // rank 1 has not submitted it
   Request rm = req("rm", {}, DataType::kUInt8, OpType::kRemoveProcessSet);
-  rm.splits = {pair};
+  rm.set_id = pair;
   CHECK_EQ(d.add(arrive(2, rm)), "");  // rank 2 is not in the set: 'slow' may still run
   CHECK(d.takeReady().empty());
   CHECK_EQ(d.add(arrive(1, rm)), "");  // rank 1 is: 'slow' can never run now
@@ -829,7 +881,7 @@ TEST(an_op_arriving_after_a_members_removal_request_fails_at_once) {
   Coordinator d(4, kNoFusion, 16);
   const int32_t trio = addSet(d, 4, {0, 1, 2}, "add.0");
   Request rm = req("rm", {}, DataType::kUInt8, OpType::kRemoveProcessSet);
-  rm.splits = {trio};
+  rm.set_id = trio;
   CHECK_EQ(d.add(arrive(2, rm)), "");
   Request op = req("late");
   op.process_set = trio;

@@ -230,7 +230,7 @@ TEST(size1_allgather_allocates_total_rows_and_copies) {
     return static_cast<void*>(out.data());
   };
   Response r = execute(OpType::kAllgather, {&e});
-  r.first_dims = {{3}};
+  r.rank_first_dims = {{3}};
   ex.execute(r, {&e});
   CHECK_EQ(asked, 3);
   CHECK_EQ(out, in);
@@ -363,7 +363,7 @@ TEST(allgather_passes_counts_per_rank_and_the_allocated_buffer) {
     return static_cast<void*>(out.data());
   };
   Response r = execute(OpType::kAllgather, {&e});
-  r.first_dims = {{2, 1, 3}};
+  r.rank_first_dims = {{2, 1, 3}};
   ex.execute(r, {&e});
   CHECK_EQ(asked, 6);
   CHECK_EQ(e.work->firstDims(), (std::vector<int64_t>{2, 1, 3}));
@@ -390,7 +390,7 @@ TEST(allgather_of_no_rows_allocates_and_skips_the_backend) {
     return static_cast<void*>(&dummy);
   };
   Response r = execute(OpType::kAllgather, {&e});
-  r.first_dims = {{0, 0}};
+  r.rank_first_dims = {{0, 0}};
   ex.execute(r, {&e});
   CHECK_EQ(asked, 0);
   CHECK(backend.calls.empty());
@@ -451,7 +451,7 @@ TEST(alltoall_sends_this_ranks_row_of_splits_and_receives_its_column) {
   e.request.type = OpType::kAlltoall;
   e.request.dtype = DataType::kUInt8;
   e.request.shape = {4, 2};
-  e.request.splits = {3, 1};
+  e.request.send_splits = {3, 1};
   e.input = in.data();
   e.work = std::make_shared<Work>();
   e.allocate = [&](int64_t rows) {
@@ -461,7 +461,7 @@ TEST(alltoall_sends_this_ranks_row_of_splits_and_receives_its_column) {
   Response r;
   r.type = OpType::kAlltoall;
   r.names = {"a2a"};
-  r.first_dims = {{1, 2, 3, 1}};
+  r.alltoall_splits = {{1, 2, 3, 1}};
   std::vector<Entry*> entries = {&e};
   ex.execute(r, entries);
   CHECK_EQ(backend.calls.size(), 1u);
@@ -537,7 +537,7 @@ TEST(device_memory_serves_the_size1_allgather_copy) {
     return static_cast<void*>(out.data());
   };
   Response r = execute(OpType::kAllgather, {&e});
-  r.first_dims = {{2}};
+  r.rank_first_dims = {{2}};
   ex.execute(r, {&e});
   CHECK_EQ(out, in);
   CHECK_EQ(memory.log, (std::vector<std::string>{"copy"}));

@@ -106,7 +106,7 @@ TEST(errors_inline_done_and_other_ops_pass_through_in_place) {
   ReadyOp gather = op("gather", 1);
   gather.response.type = OpType::kAllgather;
   gather.request.type = OpType::kAllgather;
-  gather.response.first_dims = {{1, 1}};
+  gather.response.rank_first_dims = {{1, 1}};
   ReadyOp bcast = op("bcast", 1);
   bcast.response.type = OpType::kBroadcast;
   bcast.request.type = OpType::kBroadcast;
@@ -121,7 +121,7 @@ TEST(errors_inline_done_and_other_ops_pass_through_in_place) {
     CHECK_EQ(out[1].error, "mismatch");
     CHECK_EQ(out[2].kind, Response::kInline);
     CHECK_EQ(out[2].inline_result, std::string(4, '\x01'));
-    CHECK_EQ(out[3].first_dims, (std::vector<std::vector<int64_t>>{{1, 1}}));
+    CHECK_EQ(out[3].rank_first_dims, (std::vector<std::vector<int64_t>>{{1, 1}}));
     CHECK_EQ(out[5].kind, Response::kDone);
   }
   // Two errors with the same dtype are still two responses.

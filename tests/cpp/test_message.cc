@@ -58,15 +58,77 @@ Response decodeResponse(const std::string& bytes) {
   return Response::decode(r);
 }
 
+// Decodes what `m` encodes, checking that the decoder read every byte.
+template <typename Message>
+Message roundTrip(const Message& m) {
+  std::string bytes = encode(m);
+  Reader r(bytes);
+  Message back = Message::decode(r);
+  CHECK(r.done());
+  return back;
+}
+
 void checkSameResponse(const Response& a, const Response& b) {
   CHECK_EQ(a.kind, b.kind);
   CHECK_EQ(a.type, b.type);
   CHECK_EQ(a.names, b.names);
-  CHECK_EQ(a.first_dims, b.first_dims);
+  CHECK_EQ(a.rank_first_dims, b.rank_first_dims);
+  CHECK_EQ(a.alltoall_splits, b.alltoall_splits);
+  CHECK_EQ(a.new_set_id, b.new_set_id);
+  CHECK_EQ(a.last_joined_rank, b.last_joined_rank);
   CHECK_EQ(a.cache_ids, b.cache_ids);
   CHECK_EQ(a.error_code, b.error_code);
   CHECK_EQ(a.error, b.error);
   CHECK_EQ(a.inline_result, b.inline_result);
+  CHECK_EQ(a.contributors, b.contributors);
+  CHECK_EQ(a.templates.size(), b.templates.size());
+  for (size_t i = 0; i < a.templates.size() && i < b.templates.size(); ++i)
+    CHECK(a.templates[i] == b.templates[i]);
+}
+
+// One request per type that carries a payload of its own, each set.
+std::vector<Request> requestsWithPayloads() {
+  Request bundle = sampleRequest();
+  bundle.type = OpType::kAllreduce;
+  bundle.shape = {11};
+  bundle.bundle_shapes = {{2, 3}, {}, {4}, {int64_t{1} << 33}};
+  Request a2a = sampleRequest();
+  a2a.type = OpType::kAlltoall;
+  a2a.send_splits = {3, 0, int64_t{1} << 36};
+  Request add;
+  add.type = OpType::kAddProcessSet;
+  add.name = "add_process_set.0";
+  add.set_ranks = {0, 2, 5};
+  Request remove;
+  remove.type = OpType::kRemoveProcessSet;
+  remove.name = "remove_process_set.0";
+  remove.set_id = 0x12345678;
+  return {bundle, a2a, add, remove};
+}
+
+// One response per type that carries a payload of its own, each set.
+std::vector<Response> responsesWithPayloads() {
+  Response gather;
+  gather.type = OpType::kAllgather;
+  gather.names = {"a", "bb"};
+  gather.rank_first_dims = {{1, 0, 3}, {int64_t{1} << 35, 2, 2}};
+  gather.cache_ids = {0, -1};
+  Response a2a;
+  a2a.type = OpType::kAlltoall;
+  a2a.names = {"x"};
+  a2a.alltoall_splits = {{1, 2, 3, 0}};  // 2 ranks: rank 0 sends 1, 2; rank 1 sends 3, 0
+  a2a.cache_ids = {7};
+  Response add;
+  add.kind = Response::kDone;
+  add.type = OpType::kAddProcessSet;
+  add.names = {"add_process_set.0"};
+  add.new_set_id = 0x7654321;
+  Response join;
+  join.kind = Response::kDone;
+  join.type = OpType::kJoin;
+  join.names = {"join"};
+  join.last_joined_rank = 0x1234;
+  return {gather, a2a, add, join};
 }
 
 // Runs `body` in a child process whose address space is capped at `limit`
@@ -205,39 +267,84 @@ TEST(request_sizes_and_shape_string) {
   CHECK_EQ(q.rowElements(), 0);
 }
 
-TEST(bundle_member_shapes_read_back_from_splits) {
+TEST(a_bundle_is_an_allreduce_with_member_shapes) {
   Request q;
   q.name = "grads";
   CHECK(!q.isBundle());
-  // Three members: [2, 3], a scalar, [4].
-  q.splits = {3, 2, 2, 3, 0, 1, 4};
+  q.bundle_shapes = {{2, 3}, {}, {4}};  // [2, 3], a scalar, [4]
   q.shape = {11};
   CHECK(q.isBundle());
-  const auto shapes = q.memberShapes();
+  const ShapeList& shapes = q.bundle_shapes;
   CHECK_EQ(shapes.size(), size_t{3});
-  CHECK((shapes[0] == std::vector<int64_t>{2, 3}));
+  CHECK_EQ(shapes[0], (std::vector<int64_t>{2, 3}));
   CHECK(shapes[1].empty());
-  CHECK((shapes[2] == std::vector<int64_t>{4}));
+  CHECK_EQ(shapes[2], (std::vector<int64_t>{4}));
+  ShapeList built;
+  built.reserve(3, 3);
+  const int64_t dims[] = {2, 3, 4};
+  built.add(dims, 2);
+  built.add(dims, 0);
+  CHECK(built != shapes);
+  built.add(dims + 2, 1);
+  CHECK(built == shapes);
+  CHECK(!(ShapeList{{2}, {3}} == ShapeList{{2, 3}}));  // where one shape ends counts
   CHECK_EQ(bundleMemberName(q.name, 2), std::string("grads.2"));
-  // Truncated (a corrupt frame): what is there, never a read past the end.
-  q.splits = {3, 2, 2};
-  CHECK_EQ(q.memberShapes().size(), size_t{1});
-  q.type = OpType::kAlltoall;  // splits of another op are not member shapes
+  q.type = OpType::kAlltoall;
   CHECK(!q.isBundle());
 }
 
-TEST(response_round_trip_execute_allgather_first_dims) {
-  Response p;
-  p.kind = Response::kExecute;
-  p.type = OpType::kAllgather;
-  p.names = {"a", "bb"};
-  p.first_dims = {{1, 0, 3}, {int64_t{1} << 35, 2, 2}};
-  p.cache_ids = {0, -1};
-  std::string bytes = encode(p);
-  Reader r(bytes);
-  Response back = Response::decode(r);
-  CHECK(r.done());
-  checkSameResponse(back, p);
+TEST(request_round_trip_keeps_each_types_payload) {
+  for (const Request& q : requestsWithPayloads()) {
+    Request back = roundTrip(q);
+    CHECK(back == q);
+    CHECK(back.bundle_shapes == q.bundle_shapes);
+    CHECK_EQ(back.send_splits, q.send_splits);
+    CHECK_EQ(back.set_ranks, q.set_ranks);
+    CHECK_EQ(back.set_id, q.set_id);
+    CHECK_EQ(back.name, q.name);
+  }
+}
+
+TEST(request_operator_eq_sees_each_payload) {
+  for (const Request& a : requestsWithPayloads()) {
+    Request b = a;
+    b.bundle_shapes = {{1}};
+    CHECK(!(a == b));
+    b = a;
+    b.send_splits.push_back(1);
+    CHECK(!(a == b));
+    b = a;
+    b.set_ranks.push_back(1);
+    CHECK(!(a == b));
+    b = a;
+    b.set_id += 1;
+    CHECK(!(a == b));
+  }
+}
+
+TEST(response_round_trip_keeps_each_types_payload) {
+  for (const Response& p : responsesWithPayloads()) checkSameResponse(roundTrip(p), p);
+}
+
+// A payload travels only with its type: another type's frame has no room
+// for it, and the decoder reads none.
+TEST(payloads_of_other_types_stay_off_the_wire) {
+  Request plain = sampleRequest();  // a broadcast
+  Request with = plain;
+  with.bundle_shapes = {{1}};
+  with.send_splits = {1};
+  with.set_ranks = {1};
+  with.set_id = 1;
+  CHECK_EQ(encode(with), encode(plain));
+  Response done;
+  done.kind = Response::kDone;
+  done.type = OpType::kBarrier;
+  Response extra = done;
+  extra.rank_first_dims = {{1}};
+  extra.alltoall_splits = {{1}};
+  extra.new_set_id = 3;
+  extra.last_joined_rank = 2;
+  CHECK_EQ(encode(extra), encode(done));
 }
 
 TEST(response_round_trip_fused_cache_ids) {
@@ -324,10 +431,14 @@ TEST(several_messages_back_to_back_in_one_frame) {
 }
 
 TEST(truncated_request_throws_wire_error_at_every_length) {
-  std::string bytes = encode(sampleRequest());
-  for (size_t n = 0; n < bytes.size(); ++n) {
-    std::string cut = bytes.substr(0, n);
-    CHECK_THROWS(decodeRequest(cut), WireError);
+  std::vector<Request> requests = requestsWithPayloads();
+  requests.push_back(sampleRequest());
+  for (const Request& q : requests) {
+    std::string bytes = encode(q);
+    for (size_t n = 0; n < bytes.size(); ++n) {
+      std::string cut = bytes.substr(0, n);
+      CHECK_THROWS(decodeRequest(cut), WireError);
+    }
   }
 }
 
@@ -336,14 +447,20 @@ TEST(truncated_response_throws_wire_error_at_every_length) {
   p.kind = Response::kInline;
   p.type = OpType::kAllgather;
   p.names = {"a", "b"};
-  p.first_dims = {{1, 2}, {3, 4}};
+  p.rank_first_dims = {{1, 2}, {3, 4}};
   p.cache_ids = {5, 6};
   p.error = "err";
   p.inline_result = "data";
-  std::string bytes = encode(p);
-  for (size_t n = 0; n < bytes.size(); ++n) {
-    std::string cut = bytes.substr(0, n);
-    CHECK_THROWS(decodeResponse(cut), WireError);
+  p.templates = requestsWithPayloads();
+  std::vector<Response> responses = responsesWithPayloads();
+  responses.push_back(p);
+  for (const Response& one : responses) {
+    std::string bytes = encode(one);
+    checkSameResponse(decodeResponse(bytes), one);
+    for (size_t n = 0; n < bytes.size(); ++n) {
+      std::string cut = bytes.substr(0, n);
+      CHECK_THROWS(decodeResponse(cut), WireError);
+    }
   }
 }
 
@@ -391,9 +508,10 @@ TEST(corrupt_count_throws_wire_error_not_a_huge_allocation) {
     q.encode(w);
     std::string bytes = w.buffer();
     uint32_t huge = 0xffffffffu;
-    // The shape's dim count, followed by an empty splits list (4 bytes), an
-    // empty group name (4) and the group size (4).
-    std::memcpy(&bytes[bytes.size() - 16], &huge, 4);
+    // The shape's dim count (4 bytes), followed by an allreduce's empty
+    // bundle_shapes (4), an empty group name (4), the group size (4), the
+    // device (4) and the plane (1).
+    std::memcpy(&bytes[bytes.size() - 21], &huge, 4);
     return classify([&] { decodeRequest(bytes); });
   });
   if (!CHECK_EQ(shape, 0)) std::printf("  (Request shape count: 1 = no error, 2 = bad_alloc)\n");
