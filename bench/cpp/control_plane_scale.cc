@@ -71,7 +71,7 @@ double cpuSeconds() {
   return static_cast<double>(t.tv_sec) + t.tv_nsec * 1e-9;
 }
 
-void submit(Coordinator& c, Arrival a) {
+void submit(Coordinator& c, Arrival&& a) {
   std::string error = c.add(std::move(a));
   if (!error.empty()) fail(error);
 }

@@ -66,8 +66,8 @@ void Coordinator::join(int rank) {
 }
 
 const Request& Coordinator::requestOf(const Pending& p, int rank) const {
-  const Arrival& a = p.by_rank[rank];
-  return a.cache_id >= 0 ? (*cache_.find(a.cache_id))[rank] : a.request;
+  const Kept& a = p.by_rank[rank];
+  return a.cache_id >= 0 ? (*cache_.find(a.cache_id))[rank] : *a.request;
 }
 
 bool Coordinator::isMember(const std::vector<int>& members, int rank) const {
@@ -77,7 +77,7 @@ bool Coordinator::isMember(const std::vector<int>& members, int rank) const {
   return indexIn(members, rank) >= 0;
 }
 
-std::string Coordinator::add(Arrival arrival) {
+std::string Coordinator::add(Arrival&& arrival) {
   const std::vector<Request>* slot = nullptr;
   if (arrival.cache_id >= 0) {
     slot = cache_.find(arrival.cache_id);
@@ -151,11 +151,17 @@ std::string Coordinator::add(Arrival arrival) {
   p.arrived[arrival.rank] = true;
   p.last_rank = arrival.rank;
   if (timeline_ && timeline_->active()) traceArrival(p, request(), arrival.rank);
-  Arrival& kept = p.by_rank[arrival.rank];
+  Kept& kept = p.by_rank[arrival.rank];
   // A cached arrival leaves kept.request as it was (a recycled entry's old
-  // value), and one without data kept.inline_data: everything reads an
-  // arrival's request through requestOf(), and its data only when it has some.
-  if (!slot) kept.request = std::move(arrival.request);
+  // value, or none), and one without data kept.inline_data: everything reads
+  // an arrival's request through requestOf(), and its data only when it has some.
+  if (!slot) {
+    if (kept.request) {
+      *kept.request = std::move(arrival.request);
+    } else {
+      kept.request = std::make_unique<Request>(std::move(arrival.request));
+    }
+  }
   kept.rank = arrival.rank;
   kept.cache_id = arrival.cache_id;
   kept.has_inline = arrival.has_inline;
@@ -283,7 +289,7 @@ bool reduces(OpType t) { return t == OpType::kAllreduce || t == OpType::kReduces
 ReadyOp Coordinator::negotiate(Pending& p) {
   ReadyOp op;
   Response& r = op.response;
-  const Arrival& lead = p.by_rank[p.members[0]];
+  const Kept& lead = p.by_rank[p.members[0]];
   bool all_same_slot = true;  // every member arrived, naming one slot
   bool all_inline = true;     // every rank that arrived sent its data
   for (int rank : p.members) {
@@ -315,8 +321,8 @@ ReadyOp Coordinator::negotiate(Pending& p) {
   ranks.reserve(p.members.size());
   for (int rank : p.members) {
     if (!p.arrived[rank]) continue;
-    Arrival& a = p.by_rank[rank];  // read from reqs from here on
-    reqs.push_back(a.cache_id >= 0 ? requestOf(p, rank) : std::move(a.request));
+    Kept& a = p.by_rank[rank];  // read from reqs from here on
+    reqs.push_back(a.cache_id >= 0 ? requestOf(p, rank) : std::move(*a.request));
     ranks.push_back(rank);
   }
   const std::string& name = reqs[0].name;
