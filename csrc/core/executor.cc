@@ -31,6 +31,8 @@ void Executor::execute(const Response& response, const std::vector<Entry*>& entr
   const int divisor = response.contributors > 0 ? response.contributors : size_;
   switch (response.type) {
     case OpType::kJoin:
+    case OpType::kAddProcessSet:  // the engine applies set changes itself: no data moves
+    case OpType::kRemoveProcessSet:
       return;
     case OpType::kAllreduce:
       return allreduce(entries, divisor);
