@@ -405,7 +405,10 @@ def _mixed_backends(tmp):
 def test_mixed_backends_are_named_not_a_hang(tmp_path):
     (hvd_error, message, seconds), (gloo_error, gloo_message, _) = run_ranks(
         _mixed_backends, 2, args=(str(tmp_path),), timeout=TIMEOUT)
-    assert hvd_error == "ValueError" and seconds < 5, (hvd_error, message, seconds)
+    # Named from rank 1's Gloo key, not at the start timeout (whose message says "no
+    # backend posted"); the bound leaves room for rank 1 reaching its rendezvous late
+    # on a loaded machine (the looks are 0.5, 1.5, 3.5 and 7.5 s in; 1.3 s measured).
+    assert hvd_error == "ValueError" and seconds < 10, (hvd_error, message, seconds)
     assert "rank 0: hvd; rank 1: gloo (this is rank 0)" in message, message
     # The Gloo rank waits for rank 0's Gloo address until its own timeout.
     assert gloo_error is not None and "timeout" in gloo_message.lower(), gloo_message
