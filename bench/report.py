@@ -1,4 +1,4 @@
-"""collectives_bench.py's output: the tables, the ratios, issue #13's targets, the plot.
+"""collectives_bench.py's output: the tables, the ratios, issues #13 and #32's targets, the plot.
 
 Pure functions of the measured rows (dicts, as written to the JSON), so the
 targets can be recomputed from a saved result: python bench/report.py FILE.json
@@ -17,6 +17,10 @@ GROUP_W = TIME_W + 2 * BW_W + 3  # the three columns and their spaces
 SMALL_BYTES, SMALL_US, SMALL_VS_TORCH = 4, 5.0, 30.0
 BUSBW_RANGE, BUSBW_VS_TORCH = (1 << 20, 256 << 20), 3.0
 MANY_RULE = 1.5
+# Issue #32's goals against Open MPI's shared-memory path (judged on 2 ranks).
+MPI_SMALL_MAX, MPI_SMALL_RATIO = 64 << 10, 0.5  # 4 B..64 KiB: within 2x of MPI
+MPI_LARGE_RANGE, MPI_LARGE_RATIO = (1 << 20, 256 << 20), 1.0  # at least MPI's busbw
+MPI_CELLS_SHARE = 0.9  # of the op/size cells, for each of the two
 
 
 def hvd_keys(results):
@@ -179,7 +183,52 @@ def targets(result):
         out.append(target("Open MPI (shared memory) time / hvd time, geometric mean",
                           f"{detail}all ops {statistics.geometric_mean(mpi):.2f}x "
                           f"({min(mpi):.2f}..{max(mpi):.2f})", None))  # fmt: skip
+    out.extend(mpi_targets(result))
     out.append(synthetic_target(n))
+    return out
+
+
+def mpi_cells(result):
+    """(op, bytes, hvd form, MPI time / hvd time) for every measured cell with MPI,
+    the K-async form (per op, from --many) under the op name "K async"."""
+    cells = [(r["op"], r["bytes"], k[len("mpi/"):], v) for r in result["rows"]
+             for k, v in r.get("ratios", {}).items() if k.startswith("mpi/")]
+    cells += [("K async", e["bytes"], "hvd K", e["ratios"]["mpi K/hvd K"])
+              for e in result.get("many", []) if "mpi K/hvd K" in e.get("ratios", {})]
+    return cells
+
+
+def mpi_targets(result):
+    """Issue #32's goals: small ops within 2x of Open MPI and large ones at least at its
+    busbw, each in 90 % of the cells, and the geometric mean of MPI time / hvd time
+    over every cell at least 1. Judged on 2 ranks; 'not measured' without --mpi."""
+    cells = mpi_cells(result)
+    judged = result["np"] == 2
+    goals = (
+        (f"4 B..{fmt_bytes(MPI_SMALL_MAX)}: MPI time / hvd time >= {MPI_SMALL_RATIO:g} "
+         f"in >= {MPI_CELLS_SHARE:.0%} of cells",
+         [c for c in cells if c[1] <= MPI_SMALL_MAX], MPI_SMALL_RATIO),
+        (f"{fmt_bytes(MPI_LARGE_RANGE[0])}..{fmt_bytes(MPI_LARGE_RANGE[1])}: MPI time / hvd "
+         f"time >= {MPI_LARGE_RATIO:g} in >= {MPI_CELLS_SHARE:.0%} of cells",
+         [c for c in cells if MPI_LARGE_RANGE[0] <= c[1] <= MPI_LARGE_RANGE[1]],
+         MPI_LARGE_RATIO),
+    )  # fmt: skip
+    out = []
+    for name, band, bar in goals:
+        if not band:
+            out.append(target(f"issue #32, {name}", "not measured (needs --mpi)", None))
+            continue
+        met = sum(ratio >= bar for *_, ratio in band)
+        op, size, form, worst = min(band, key=lambda c: c[3])
+        share = met / len(band)
+        out.append(target(
+            f"issue #32, {name}",
+            f"{met} of {len(band)} ({share:.0%}); worst {worst:.2f} ({form} {fmt_bytes(size)})",
+            share >= MPI_CELLS_SHARE if judged else None))  # fmt: skip
+    if cells:
+        mean = statistics.geometric_mean([c[3] for c in cells])
+        out.append(target("issue #32, MPI time / hvd time, geometric mean over every cell >= 1",
+                          f"{mean:.2f} over {len(cells)} cells", mean >= 1.0 if judged else None))
     return out
 
 
@@ -200,8 +249,8 @@ def synthetic_target(n):
 
 
 def targets_lines(result):
-    lines = ["#", f"# targets (issue #13), {result['np']} ranks: the first ones are set for 2 "
-             "ranks, 'no op/size slower' for 4; elsewhere they are reported as info", "#"]
+    lines = ["#", f"# targets (issues #13 and #32), {result['np']} ranks: the first ones are set "
+             "for 2 ranks, 'no op/size slower' for 4; elsewhere they are reported as info", "#"]
     for t in result["targets"]:
         verdict = {True: "PASS", False: "FAIL", None: "info"}[t["passed"]]
         lines.append(f"  {verdict:<5} {t['name']:<62} {t['measured']}")

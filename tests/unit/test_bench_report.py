@@ -1,0 +1,49 @@
+"""bench/report.py's verdicts on issue #32's goals against Open MPI, from rows as
+collectives_bench.py writes them (no run)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import report  # noqa: E402
+
+
+def _row(op, nbytes, mpi_over_hvd):
+    return {"op": op, "bytes": nbytes, "ratios": {"mpi/hvd allreduce_": mpi_over_hvd,
+                                                  "torch/hvd allreduce_": 10.0}}
+
+
+def _result(small, large, k_async=None, np=2):
+    rows = [_row("allreduce", 4 << i, r) for i, r in enumerate(small)]
+    rows += [_row("allreduce", (1 << 20) << i, r) for i, r in enumerate(large)]
+    many = [] if k_async is None else [{"bytes": 1024, "ratios": {"mpi K/hvd K": k_async}}]
+    return {"np": np, "rows": rows, "many": many}
+
+
+def _verdicts(result):
+    return [(t["passed"], t["measured"]) for t in report.mpi_targets(result)]
+
+
+def test_each_goal_needs_ninety_percent_of_its_cells():
+    # 10 small cells, one under 0.5: 90 % met. 9 large cells (1..256 MiB), two under 1.
+    small = [0.6] * 9 + [0.45]
+    large = [1.1] * 7 + [0.9, 0.95]
+    (small_ok, small_text), (large_ok, large_text), (mean_ok, _) = _verdicts(
+        _result(small, large))
+    assert small_ok is True and small_text.startswith("9 of 10 (90%); worst 0.45")
+    assert large_ok is False and large_text.startswith("7 of 9 (78%); worst 0.90")
+    assert mean_ok is False  # the small ops pull the mean under 1
+
+
+def test_the_k_async_form_counts_among_the_small_cells_and_the_mean():
+    (small_ok, text), _, (mean_ok, mean_text) = _verdicts(
+        _result([0.6] * 9, [2.0] * 9, k_async=0.3))
+    assert small_ok is True and "worst 0.30 (hvd K 1K)" in text and text.startswith("9 of 10")
+    assert mean_text.endswith("over 19 cells")
+
+
+def test_judged_on_two_ranks_only_and_not_measured_without_mpi():
+    assert all(ok is None for ok, _ in _verdicts(_result([0.6] * 3, [2.0] * 3, np=4)))
+    assert _verdicts({"np": 2, "rows": [], "many": []}) == [
+        (None, "not measured (needs --mpi)")] * 2
