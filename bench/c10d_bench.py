@@ -129,7 +129,9 @@ def _model(torch, args):
     """(model, its FSDP2 units, one batch's input maker, its name) for --model."""
     torch.manual_seed(0)
     if args.model == "resnet18":
-        sys.path.insert(0, os.path.join(ROOT, "examples"))
+        examples = os.path.join(ROOT, "examples")
+        if examples not in sys.path:  # _model runs once per backend and kind
+            sys.path.insert(0, examples)
         from synthetic_benchmark import ResNet18
 
         net = ResNet18()

@@ -121,8 +121,6 @@ def DistributedTrainableCreator(  # Ray's historical name and signature, hence n
     from ray import tune
 
     def trial(config):
-        from ray import tune
-
         args = (config,)
         if with_checkpoint:
             restored = tune.get_checkpoint()

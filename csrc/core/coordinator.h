@@ -73,9 +73,9 @@ class Coordinator {
 
  private:
   // What an arrival leaves in its Pending entry, one per rank. The request is
-  // out of line: a cached arrival (the steady state) never fills it, and a
-  // compact entry keeps a pending op of many ranks in few cache lines (a
-  // Request inline cost rank 0 about 20% per op at 512-1024 simulated ranks).
+  // out of line: a cached arrival (the steady state) never fills it, and an
+  // entry without a whole Request (240 bytes) inline keeps a pending op of many
+  // ranks small (docs/control_plane_scale.md).
   struct Kept {
     int rank = 0;
     int32_t cache_id = -1;
