@@ -355,7 +355,8 @@ ReadyOp Coordinator::negotiate(Pending& p) {
     r.cache_ids = {-1};
   } else if (all_same_slot) {
     r.cache_ids = {lead.cache_id};
-  } else if (r.type == OpType::kAddProcessSet || r.type == OpType::kRemoveProcessSet) {
+  } else if (r.type == OpType::kAddProcessSet || r.type == OpType::kRemoveProcessSet ||
+             reqs[0].single_use) {
     r.cache_ids = {-1};  // one-off: not worth a slot
   } else {
     // Slots hold every rank's request at its global rank (others left empty);

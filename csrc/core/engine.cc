@@ -210,7 +210,7 @@ void Engine::takeSubmissions() {
     a.rank = topology_.rank;
     const bool cacheable = config_.cache_capacity > 0 && e.request.type != OpType::kJoin &&
                            e.request.type != OpType::kAddProcessSet &&
-                           e.request.type != OpType::kRemoveProcessSet;
+                           e.request.type != OpType::kRemoveProcessSet && !e.request.single_use;
     a.cache_id = cacheable ? rank_cache_.lookup(key, e.request) : -1;
     if (e.request.type == OpType::kJoin) joined_ = true;
     // A cached op goes as its slot alone: rank 0's coordinator reads the

@@ -120,6 +120,7 @@ void Request::encode(Writer& w) const {
   w.put<int32_t>(group_size);
   w.put<int32_t>(device);
   w.put<uint8_t>(static_cast<uint8_t>(plane));
+  w.put<uint8_t>(single_use ? 1 : 0);
 }
 
 Request Request::decode(Reader& r) {
@@ -153,6 +154,7 @@ Request Request::decode(Reader& r) {
   q.group_size = r.get<int32_t>();
   q.device = r.get<int32_t>();
   q.plane = static_cast<Plane>(r.get<uint8_t>());
+  q.single_use = r.get<uint8_t>() != 0;
   return q;
 }
 
@@ -163,7 +165,7 @@ bool Request::operator==(const Request& o) const {
          shape == o.shape && send_splits == o.send_splits &&
          bundle_shapes == o.bundle_shapes && set_ranks == o.set_ranks && set_id == o.set_id &&
          group == o.group && group_size == o.group_size && device == o.device &&
-         plane == o.plane;
+         plane == o.plane && single_use == o.single_use;
 }
 
 void Response::encode(Writer& w) const {

@@ -69,6 +69,9 @@ struct Request {
   // ranks may use different indices) and the plane that moves it.
   int32_t device = -1;
   Plane plane = Plane::kHost;
+  // A name made for this one op (an unnamed op's, a torch.distributed op's):
+  // it never comes again, so a response-cache slot would only fill the cache.
+  bool single_use = false;
 
   int64_t numElements() const;
   size_t numBytes() const { return static_cast<size_t>(numElements()) * dataTypeSize(dtype); }

@@ -58,6 +58,10 @@ PYBIND11_MODULE(_C, m) {
     auto engine = currentEngine();
     return engine ? engine->drivenOps() : uint64_t{0};
   }, "Ops this process's waiting callers ran themselves (Engine::drive).");
+  m.def("cached_submissions", [] {
+    auto engine = currentEngine();
+    return engine ? engine->cachedSubmissions() : uint64_t{0};
+  }, "Ops this process sent to rank 0 as a response-cache slot (Engine::cachedSubmissions).");
   m.def("init", &init, "Meets the other ranks and starts the engine.");
   m.def("shutdown", &shutdown, "Stops the engine; pending operations fail.");
   m.def("is_initialized", [] { return currentEngine() != nullptr; });

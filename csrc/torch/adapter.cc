@@ -157,6 +157,17 @@ std::string opName(const char* op, const std::string& name, int64_t process_set)
   return std::string(op) + ".noname." + std::to_string(name_counters[process_set]++);
 }
 
+bool singleUseName(const std::string& name) {
+  if (name.rfind(kC10dNamePrefix, 0) == 0) return true;
+  // opName's "<op>.noname.<n>", and not a user's name that merely contains it
+  // (DistributedOptimizer's "allreduce.allreduce.noname.<i>" recurs every step).
+  const size_t mark = name.find(".noname.");
+  if (mark == std::string::npos || name.find('.') != mark) return false;
+  const size_t digits = mark + 8;
+  return digits < name.size() &&
+         name.find_first_not_of("0123456789", digits) == std::string::npos;
+}
+
 void resetNameCounter() {
   std::lock_guard<std::mutex> lock(names_mu);
   name_counters.clear();
@@ -275,6 +286,7 @@ int64_t enqueue(Engine& engine, Entry e, Pending p, bool wake = true,
                 HandleKind kind = HandleKind::kSingle) {
   p.name = e.request.name;
   p.keep_alive = e.keep_alive;
+  e.request.single_use = singleUseName(e.request.name);
   try {
     p.work = engine.enqueue(std::move(e), wake && !t_waits_next);
   } catch (const DuplicateName& dup) {
@@ -495,6 +507,7 @@ Bundle enqueueBundle(Engine& engine, at::TensorList tensors, bool in_place,
   if (!caller_waits && !members.empty()) members.back().keep_alive = owned;
   Bundle bundle;
   try {
+    e.request.single_use = singleUseName(e.request.name);
     bundle.work = engine.enqueue(std::move(e), !t_waits_next);
   } catch (const DuplicateName& dup) {
     TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());

@@ -33,6 +33,12 @@ DataType toDataType(const at::Tensor& t, const char* op, const std::string& name
 // The user's name, or "allreduce.noname.<n>" with a counter per process set
 // (Horovod's rule: ranks that submit unnamed ops in the same order match).
 std::string opName(const char* op, const std::string& name, int64_t process_set);
+// The torch.distributed backend's names: "c10d.<group>.<sequence number>".
+inline constexpr char kC10dNamePrefix[] = "c10d.";
+// A name made for one op (opName's for an unnamed op, the c10d backend's): the
+// engine gives it no response-cache slot, since it never comes again and the
+// cache, which never evicts, would fill with dead names (HOROVOD_CACHE_CAPACITY).
+bool singleUseName(const std::string& name);
 void resetNameCounter();
 
 // This rank's position in a process set (a clear error when the set does not

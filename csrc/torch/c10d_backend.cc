@@ -572,7 +572,9 @@ class HvdBackend : public c10d::Backend {
   }
 
  private:
-  std::string nextName() { return "c10d." + group_name_ + "." + std::to_string(seq_++); }
+  std::string nextName() {
+    return kC10dNamePrefix + group_name_ + "." + std::to_string(seq_++);
+  }
 
   // The group outlives the engine when hvd.shutdown() runs first: say so, on
   // every rank, instead of the hvd ops' "call hvd.init() first".

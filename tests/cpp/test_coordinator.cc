@@ -476,6 +476,25 @@ TEST(cache_second_negotiation_by_slot_id_reuses_the_slot) {
   CHECK_EQ(c.cacheSize(), 1u);  // no new slot
 }
 
+TEST(single_use_names_get_no_slot_and_leave_room_for_names_that_recur) {
+  // Unnamed ops and torch.distributed ops name each op afresh: a slot for
+  // each would fill the cache (capacity 2 here) with names that never recur.
+  Coordinator c(2, kNoFusion, 2);
+  for (int i = 0; i < 5; ++i) {
+    Request once = req("c10d.0." + std::to_string(i));
+    once.single_use = true;
+    for (int r = 0; r < 2; ++r) c.add(arrive(r, once));
+    std::vector<Response> out = c.takeReady();
+    if (!CHECK_EQ(out.size(), 1u)) return;
+    CHECK_EQ(out[0].kind, Response::kExecute);
+    CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{-1}));
+  }
+  CHECK_EQ(c.cacheSize(), 0u);
+  for (int r = 0; r < 2; ++r) c.add(arrive(r, req("loss")));
+  std::vector<Response> out = c.takeReady();
+  if (CHECK_EQ(out.size(), 1u)) CHECK_EQ(out[0].cache_ids, (std::vector<int32_t>{0}));
+}
+
 TEST(cache_renegotiated_name_keeps_its_slot) {
   // A variable-length allgather: every step another first dimension. The
   // name keeps slot 0, which then holds the latest requests.

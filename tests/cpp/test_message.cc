@@ -95,6 +95,7 @@ std::vector<Request> requestsWithPayloads() {
   Request a2a = sampleRequest();
   a2a.type = OpType::kAlltoall;
   a2a.send_splits = {3, 0, int64_t{1} << 36};
+  a2a.single_use = true;  // and the flag every type carries
   Request add;
   add.type = OpType::kAddProcessSet;
   add.name = "add_process_set.0";
@@ -302,6 +303,7 @@ TEST(request_round_trip_keeps_each_types_payload) {
     CHECK_EQ(back.set_ranks, q.set_ranks);
     CHECK_EQ(back.set_id, q.set_id);
     CHECK_EQ(back.name, q.name);
+    CHECK_EQ(back.single_use, q.single_use);
   }
 }
 
@@ -318,6 +320,9 @@ TEST(request_operator_eq_sees_each_payload) {
     CHECK(!(a == b));
     b = a;
     b.set_id += 1;
+    CHECK(!(a == b));
+    b = a;
+    b.single_use = !a.single_use;
     CHECK(!(a == b));
   }
 }
