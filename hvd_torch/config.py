@@ -142,8 +142,18 @@ class Launch(Snapshot):
                 f"MASTER_ADDR/MASTER_PORT are not ({e}); launch with torchrun or hvdrun") from None
 
     def start_timeout_s(self) -> float:
-        """HOROVOD_START_TIMEOUT in seconds; ValueError if it is not a number."""
-        return float(START_TIMEOUT_S if self.start_timeout is None else self.start_timeout)
+        """HOROVOD_START_TIMEOUT in seconds; ValueError naming the variable and its
+        value if it is not a positive number."""
+        if self.start_timeout is None:
+            return START_TIMEOUT_S
+        try:
+            seconds = float(self.start_timeout)
+        except ValueError:
+            seconds = float("nan")
+        if not seconds > 0:  # also nan
+            raise ValueError(f"HOROVOD_START_TIMEOUT={self.start_timeout!r}: expected a "
+                             "positive number of seconds")
+        return seconds
 
     @property
     def agent_store(self) -> bool:

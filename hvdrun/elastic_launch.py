@@ -179,8 +179,10 @@ def _store_bind(discovery, iface: str | None) -> tuple[str, str]:
     except Exception:  # noqa: BLE001  (the driver reports discovery failures itself)
         first = {}
     remote = [h for h in first if not _runs_here(h)]
+    if not remote and isinstance(discovery, FixedHosts):
+        return "127.0.0.1", "127.0.0.1"  # -H names every host there will be
     if not remote:
-        # Listen everywhere anyway: remote hosts may be discovered later.
+        # Listen everywhere: a discovery script may add remote hosts later.
         return "0.0.0.0", "127.0.0.1"
     return "0.0.0.0", route_source_address(remote[0])
 

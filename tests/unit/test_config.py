@@ -154,6 +154,10 @@ def test_torchruns_variables():
     assert config.Launch(master_addr="h", master_port="29500").torchrun_master() == ("h", 29500)
     assert config.Launch().start_timeout_s() == 30.0
     assert config.Launch(start_timeout="12.5").start_timeout_s() == 12.5
+    for bad in ("soon", "0", "-3", "nan"):
+        with pytest.raises(ValueError, match=rf"HOROVOD_START_TIMEOUT='{bad}': expected a "
+                                             "positive number of seconds"):  # fmt: skip
+            config.Launch(start_timeout=bad).start_timeout_s()
     assert config.Launch().attempt == "0" and not config.Launch(use_agent_store="1").agent_store
 
     given = dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", GROUP_RANK="1")
