@@ -232,16 +232,23 @@ def test_every_worker_failing_ends_the_job_at_once():
 
 
 def test_results_are_in_final_rank_order():
-    """run()'s values come back by rank, and run() works twice on one executor."""
+    """run()'s values come back by rank, and run() works again on one executor: the
+    second time with a plain DDP script, which learns its round's RANK, WORLD_SIZE and
+    MASTER_ADDR/MASTER_PORT in hvd.init()."""
     executor = _executor(min_workers=2, max_workers=2)
     executor.start()
     try:
-        for _ in range(2):
-            ranks = executor.run(_rank_after_elastic_init)
-            assert ranks == [(0, 2), (1, 2)]
+        ranks = executor.run(_rank_after_elastic_init)
+        assert ranks == [(0, 2), (1, 2)]
+        ddp = executor.run(_ddp_after_elastic_init)
     finally:
         executor.shutdown()
     assert executor.workers == {}
+    assert [(r["rank"], r["size"], r["sum"]) for r in ddp] == [(0, 2, 3.0), (1, 2, 3.0)], ddp
+    assert len({d for r in ddp for d in r["digests"]}) == 1, ddp  # one model on both ranks
+    assert [(r["env"]["RANK"], r["env"]["WORLD_SIZE"]) for r in ddp] == [("0", "2"), ("1", "2")]
+    masters = {(r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"]) for r in ddp}
+    assert len(masters) == 1 and None not in next(iter(masters)), ddp
 
 
 def _rank_after_elastic_init():
@@ -249,3 +256,12 @@ def _rank_after_elastic_init():
 
     hvd.init()
     return hvd.rank(), hvd.size()
+
+
+def _ddp_after_elastic_init():
+    import plain_ddp
+
+    import hvd_torch as hvd
+
+    hvd.init()  # the round's rank and torch.distributed's variables
+    return plain_ddp.train()
