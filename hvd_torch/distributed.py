@@ -236,6 +236,52 @@ def _uses_hvd(backend) -> bool:
     return "hvd" in str(backend).lower()
 
 
+def _check_group_backends(backend) -> None:
+    """Raises hvd_torch.exceptions.ValueError on every rank that reaches it, naming each
+    rank's backend, when the ranks of a job whose default group is "hvd" ask one
+    new_group() for different backends.  Without it, the ranks that asked for "hvd"
+    would wait in the process set registration (a collective of every rank) and those
+    that asked for Gloo in Gloo's rendezvous, each until its timeout.
+
+    Every rank posts its backend under the call's number in the default group's store
+    and reads the others'; a rank that posts nothing (hvd_torch not imported there) is
+    named at HOROVOD_START_TIMEOUT.  Jobs whose default group is not "hvd" are left
+    alone unless this rank asks for "hvd"."""
+    # torch's number for the group this call creates: every rank calls new_group in one
+    # order, and destroying the default group counts from 0 again.  (Internal to torch:
+    # if it goes, the check does, and a mismatch waits for the timeouts again.)
+    call = getattr(dist.distributed_c10d._world, "group_count", None)
+    if call is None:
+        return
+    asked = str(backend).lower() if backend is not None else str(dist.get_backend()).lower()
+    if BACKEND not in str(dist.get_backend()).lower() and BACKEND not in asked:
+        return
+    store = dist.distributed_c10d._get_default_store()
+    rank, size = dist.get_rank(), dist.get_world_size()
+    # The restart count: torchrun's agent store outlives a restart, and with it the keys.
+    prefix = f"hvd_torch/new_group/{config.Launch.from_environment().attempt}/{call}/"
+    store.set(f"{prefix}{rank}", asked)
+    keys = [f"{prefix}{r}" for r in range(size)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=_start_timeout()))
+    except PeerFailure:
+        raise
+    except RuntimeError:  # timed out: some rank posted nothing
+        pass
+    by_backend: dict[str, list[int]] = {}
+    for r, key in enumerate(keys):
+        what = store.get(key).decode() if store.check([key]) else (
+            f"nothing posted within {_start_timeout():g} s (HOROVOD_START_TIMEOUT)")
+        by_backend.setdefault(what, []).append(r)
+    if len(by_backend) > 1:
+        raise exceptions.ValueError(
+            f"hvd backend (torch.distributed): the ranks of new_group() (torch's group "
+            f"'{call}') asked for different backends: " + "; ".join(
+                f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {what}"
+                for what, rs in by_backend.items())
+            + f" (this is rank {rank}); every rank must pass the same backend")
+
+
 def _wrap_new_group_with_tag(original):
     import functools
     import inspect
@@ -251,6 +297,8 @@ def _wrap_new_group_with_tag(original):
         except TypeError:
             return original(*args, **kwargs)
         ranks = a.get("ranks")
+        if dist.is_initialized() and not a.get("use_local_synchronization"):
+            _check_group_backends(a.get("backend"))
         if (ranks and _uses_hvd(a.get("backend")) and not a.get("use_local_synchronization")
                 and a.get("sort_ranks", True)):
             from hvd_torch import basics, process_sets

@@ -414,6 +414,29 @@ def test_mixed_backends_are_named_not_a_hang(tmp_path):
     assert gloo_error is not None and "timeout" in gloo_message.lower(), gloo_message
 
 
+def _mixed_subgroup_backends(tmp):
+    """Every rank's default group is "hvd"; for new_group([0, 1]) rank 0 asks for "hvd",
+    the others for "gloo"."""
+    dist = _init("hvd", os.path.join(tmp, "store"))
+    try:
+        rank = dist.get_rank()
+        return attempt(lambda: dist.new_group([0, 1], backend="hvd" if rank == 0 else "gloo"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_mixed_backends_in_a_subgroup_are_named_on_every_rank(nranks, tmp_path):
+    outcomes = run_ranks(_mixed_subgroup_backends, nranks, args=(str(tmp_path),),
+                         timeout=TIMEOUT)  # fmt: skip
+    others = "rank 1: gloo" if nranks == 2 else "ranks 1, 2: gloo"
+    for rank, (error, message, seconds) in enumerate(outcomes):
+        # Before the process set registration or Gloo's rendezvous: not at a timeout.
+        assert error == "ValueError" and seconds < 10, (rank, error, message, seconds)
+        assert f"asked for different backends: rank 0: hvd; {others} (this is rank {rank})" \
+            in message, message
+
+
 def _starts_engine(tmp):
     """No hvd.init(): init_process_group("hvd") starts the engine, and hvd's API uses it."""
     import hvd_torch as hvd
