@@ -144,7 +144,8 @@ class HostLauncher:
             full["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = self._local_store_host
             return _Worker(self._procs.start(worker_id, self._command, full))
         try:
-            store_host = interface_address(self._iface) if self._iface else route_source_address(host)
+            store_host = (interface_address(self._iface) if self._iface
+                          else route_source_address(host))
         except NetworkError as e:
             raise OSError(str(e)) from None
         full = forwarded_env(os.environ, self._extra_env)

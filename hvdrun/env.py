@@ -129,7 +129,8 @@ def rank_env(
     return env
 
 
-def forwarded_env(environ: Mapping[str, str], extra: Mapping[str, str | None] = ()) -> dict[str, str]:
+def forwarded_env(environ: Mapping[str, str],
+                  extra: Mapping[str, str | None] = ()) -> dict[str, str]:
     """What a remote rank gets from environ: every exportable() variable, plus extra:
     -x NAME (value None: this machine's value, if set, even of a denied name) or
     -x NAME=VALUE.  It travels on the ssh channel's stdin (ssh.remote_command)."""

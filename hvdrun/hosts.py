@@ -61,7 +61,8 @@ def parse_hostfile(path: str) -> list[tuple[str, int]]:
             key, eq, value = field.partition("=")
             if key != "slots" or not eq:
                 raise UsageError(
-                    f"--hostfile {path}, line {number}: expected `host slots=N`, got {raw.strip()!r}"
+                    f"--hostfile {path}, line {number}: expected `host slots=N`, "
+                    f"got {raw.strip()!r}"
                 )
             slots = positive_int(f"--hostfile {path}, line {number}: slots", value)
         hosts.append((fields[0], slots))
@@ -86,7 +87,8 @@ def place_ranks(hosts: list[tuple[str, int]], num_proc: int) -> list[Placement]:
     total = sum(slots for _, slots in hosts)
     if total < num_proc:
         listed = ",".join(f"{h}:{s}" for h, s in hosts)
-        raise UsageError(f"-np {num_proc} needs {num_proc} slots but the hosts {listed} give {total}")
+        raise UsageError(
+            f"-np {num_proc} needs {num_proc} slots but the hosts {listed} give {total}")
     counts = []
     left = num_proc
     for host, slots in hosts:

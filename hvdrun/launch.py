@@ -4,7 +4,8 @@
     hvdrun -np 4 -H server1:2,server2:2 python train.py            over ssh (static_launch.py)
     hvdrun --nnodes 2 --node-rank 0 --nproc-per-node 2 \\
            --rdzv-endpoint server1:29400 python train.py            one per node (node_launch.py)
-    hvdrun --min-np 2 --host-discovery-script ./hosts.sh python train.py   elastic (elastic_launch.py)
+    hvdrun --min-np 2 --host-discovery-script ./hosts.sh python train.py
+                                                           elastic (elastic_launch.py)
 
 This module parses the command line and hands the job to the launcher of its mode.
 Standard library only (the package does not import torch): hvdrun starts on a machine

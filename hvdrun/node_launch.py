@@ -245,13 +245,15 @@ def _run(opts, n: NodeOptions, client: KVStoreClient, procs, received, timeout: 
         )  # fmt: skip
         if opts.iface:
             env["HOROVOD_GLOO_IFACE"] = opts.iface
-        env.update({k: v for k, v in opts.extra_env.items() if v is not None})  # -x, --autotune, ...
+        # -x, --autotune, ...
+        env.update({k: v for k, v in opts.extra_env.items() if v is not None})
         infos.append(RankInfo(rank, hostname, remote=False))
         try:
             procs.start(rank, opts.command, env)
         except OSError as e:
             note(f"cannot start rank {rank} on host {hostname}: {opts.command[0]}: {e.strerror}")
-            client.set(f"{_FAILED}{n.node_rank}", f"1 rank {rank} on host {hostname} could not start")
+            client.set(f"{_FAILED}{n.node_rank}",
+                       f"1 rank {rank} on host {hostname} could not start")
             return 127
 
     def other_node_failed() -> str | None:
