@@ -458,7 +458,7 @@ void Engine::changeProcessSets(const Response& response, Entry& entry) {
       throw transportFailure("add_process_set " + std::to_string(id) + " failed on rank " +
                              std::to_string(topology_.rank) + ": " + e.what());
     }
-    entry.work->setFirstDims({id});
+    entry.work->setValue(id);
   } else if (response.type == OpType::kRemoveProcessSet) {
     const int32_t id = entry.request.set_id;
     process_sets_.remove(id);
@@ -508,7 +508,7 @@ void Engine::run(const Response& response) {
     }
   }
   if (response.type == OpType::kJoin) {
-    entries[0]->work->setFirstDims({response.last_joined_rank});
+    entries[0]->work->setValue(response.last_joined_rank);
     joined_ = false;
   }
   Status status;

@@ -157,7 +157,7 @@ void Executor::alltoall(const std::vector<int64_t>& matrix, Entry& e) {
     recv_counts[r] = recv_rows[r] * row;
     total += recv_rows[r];
   }
-  e.work->setFirstDims(recv_rows);
+  e.work->setRankRows(recv_rows);
   void* out = e.allocate(total);
   if (backend_ == nullptr) {
     memory_->copy(out, e.input, e.request.numBytes());
@@ -213,7 +213,7 @@ void Executor::allreduce(const std::vector<Entry*>& entries, int divisor) {
 void Executor::allgather(const std::vector<int64_t>& dims, Entry& e) {
   const int64_t row = e.request.rowElements();
   const int64_t total_rows = std::accumulate(dims.begin(), dims.end(), int64_t{0});
-  e.work->setFirstDims(dims);
+  e.work->setRankRows(dims);
   void* out = e.allocate(total_rows);
   if (backend_ == nullptr) {
     memory_->copy(out, e.input, e.request.numBytes());
@@ -237,7 +237,7 @@ void Executor::allgatherFused(const Response& response, const std::vector<Entry*
   for (size_t i = 0; i < k; ++i) {
     const std::vector<int64_t>& dims = response.rank_first_dims[i];
     const int64_t row = entries[i]->request.rowElements();
-    entries[i]->work->setFirstDims(dims);
+    entries[i]->work->setRankRows(dims);
     outs[i] = static_cast<char*>(
         entries[i]->allocate(std::accumulate(dims.begin(), dims.end(), int64_t{0})));
     for (int r = 0; r < size_; ++r) counts[r] += static_cast<size_t>(dims[r] * row);

@@ -30,15 +30,20 @@ class Work {
     cv_.wait(lock, [&] { return done_; });
     return status_;
   }
-  // Allgather: each rank's first dimension, set before completion.
-  const std::vector<int64_t>& firstDims() const { return first_dims_; }
+  // Rows per rank, set before completion: an allgather's rows from each rank
+  // (its first dimension), an alltoall's rows received from each rank.
+  const std::vector<int64_t>& rankRows() const { return rank_rows_; }
+  // The one number an op without a tensor result gives, set before completion:
+  // add process set, the new set's id; join, the last rank that joined.
+  int64_t value() const { return value_; }
 
   // Plane::kDevice: completion means the work is enqueued on the device's
   // stream; this event marks its end, and whoever reads the output orders
   // itself after it. Set before complete(); null on the host planes.
   const std::shared_ptr<DeviceEvent>& deviceDone() const { return device_done_; }
 
-  void setFirstDims(std::vector<int64_t> dims) { first_dims_ = std::move(dims); }
+  void setRankRows(std::vector<int64_t> rows) { rank_rows_ = std::move(rows); }
+  void setValue(int64_t value) { value_ = value; }
   void setDeviceDone(std::shared_ptr<DeviceEvent> event) { device_done_ = std::move(event); }
   void complete(Status status) {
     {
@@ -57,7 +62,8 @@ class Work {
   mutable std::condition_variable cv_;
   bool done_ = false;
   Status status_;
-  std::vector<int64_t> first_dims_;
+  std::vector<int64_t> rank_rows_;
+  int64_t value_ = -1;
   std::shared_ptr<DeviceEvent> device_done_;
 };
 

@@ -630,7 +630,7 @@ int64_t joinAndWait() {
   p.result = at::zeros({}, at::kLong);
   Pending done;
   waitHandle(enqueue(*engine, std::move(e), std::move(p)), &done);
-  return done.work->firstDims().at(0);
+  return done.work->value();
 }
 
 int64_t submitBarrier(int64_t process_set, const std::string& name) {
@@ -649,8 +649,9 @@ int64_t submitBarrier(int64_t process_set, const std::string& name) {
 namespace {
 
 // Registry changes run on the global set like an op, and wait for it.
-// `change`: the request's type and its set_ranks or set_id.
-std::vector<int64_t> changeProcessSets(Request change, const char* what) {
+// `change`: the request's type and its set_ranks or set_id. Returns the
+// op's value (an added set's id).
+int64_t changeProcessSets(Request change, const char* what) {
   auto engine = requireEngine(what);
   Entry e;
   e.request = std::move(change);
@@ -660,7 +661,7 @@ std::vector<int64_t> changeProcessSets(Request change, const char* what) {
   p.result = at::zeros({}, at::kLong);
   Pending done;
   waitHandle(enqueue(*engine, std::move(e), std::move(p)), &done);
-  return done.work->firstDims();
+  return done.work->value();
 }
 
 }  // namespace
@@ -669,7 +670,7 @@ int64_t addProcessSet(const std::vector<int64_t>& ranks) {
   Request add;
   add.type = OpType::kAddProcessSet;
   add.set_ranks = ranks;
-  return changeProcessSets(std::move(add), "add_process_set").at(0);
+  return changeProcessSets(std::move(add), "add_process_set");
 }
 
 void removeProcessSet(int64_t id) {

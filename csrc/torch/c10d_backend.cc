@@ -303,7 +303,7 @@ class HvdBackend : public c10d::Backend {
       return launch(c10d::OpType::ALLGATHER, outs, [h, outs, name] {
         Pending p;
         at::Tensor gathered = waitHandle(h, &p);
-        scatterRows(gathered, p.work->firstDims(), outs, "all_gather", name);
+        scatterRows(gathered, p.work->rankRows(), outs, "all_gather", name);
       });
     });
   }
@@ -365,7 +365,7 @@ class HvdBackend : public c10d::Backend {
       return launch(c10d::OpType::GATHER, outs, [h, outs, name, root] {
         Pending p;
         at::Tensor gathered = waitHandle(h, &p);
-        if (root) scatterRows(gathered, p.work->firstDims(), outs, "gather", name);
+        if (root) scatterRows(gathered, p.work->rankRows(), outs, "gather", name);
       });
     });
   }

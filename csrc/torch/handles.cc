@@ -60,7 +60,7 @@ std::vector<at::Tensor> finishAll(Engine* engine, std::vector<Pending>& members)
 
 // The rows received from each rank, as Horovod returns them (int32).
 at::Tensor receivedRows(const Work& work) {
-  const auto& rows = work.firstDims();
+  const auto& rows = work.rankRows();
   at::Tensor received = at::empty({static_cast<int64_t>(rows.size())}, at::kInt);
   int32_t* data = received.data_ptr<int32_t>();
   for (size_t i = 0; i < rows.size(); ++i) data[i] = static_cast<int32_t>(rows[i]);

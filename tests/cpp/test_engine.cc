@@ -376,7 +376,7 @@ TEST(allgather_concatenates_rows_of_different_counts) {
     auto o = allgather(e, "ag", rows);
     CHECK(waitFor(*o).ok());
     CHECK(o->gathered == (std::vector<float>{0, 1, 1, 2, 2, 2}));
-    CHECK(o->work->firstDims() == (std::vector<int64_t>{1, 2, 3}));
+    CHECK(o->work->rankRows() == (std::vector<int64_t>{1, 2, 3}));
   });
 }
 

@@ -234,7 +234,7 @@ TEST(size1_allgather_allocates_total_rows_and_copies) {
   ex.execute(r, {&e});
   CHECK_EQ(asked, 3);
   CHECK_EQ(out, in);
-  CHECK_EQ(e.work->firstDims(), (std::vector<int64_t>{3}));
+  CHECK_EQ(e.work->rankRows(), (std::vector<int64_t>{3}));
 }
 
 TEST(size1_broadcast_copies_input_to_output) {
@@ -366,7 +366,7 @@ TEST(allgather_passes_counts_per_rank_and_the_allocated_buffer) {
   r.rank_first_dims = {{2, 1, 3}};
   ex.execute(r, {&e});
   CHECK_EQ(asked, 6);
-  CHECK_EQ(e.work->firstDims(), (std::vector<int64_t>{2, 1, 3}));
+  CHECK_EQ(e.work->rankRows(), (std::vector<int64_t>{2, 1, 3}));
   if (CHECK_EQ(backend.calls.size(), 1u)) {
     const Call& c = backend.calls[0];
     CHECK_EQ(c.what, "allgatherv");
@@ -467,7 +467,7 @@ TEST(alltoall_sends_this_ranks_row_of_splits_and_receives_its_column) {
   CHECK_EQ(backend.calls.size(), 1u);
   CHECK_EQ(backend.calls[0].counts, (std::vector<size_t>{6, 2}));
   CHECK_EQ(backend.recv_counts_, (std::vector<int64_t>{4, 2}));  // 2 rows from 0, 1 from itself
-  CHECK_EQ(e.work->firstDims(), (std::vector<int64_t>{2, 1}));
+  CHECK_EQ(e.work->rankRows(), (std::vector<int64_t>{2, 1}));
   CHECK_EQ(out, (std::vector<uint8_t>{0, 0, 0, 0, 16, 17}));
 }
 
