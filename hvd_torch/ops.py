@@ -45,6 +45,8 @@ _no_compression = Compression.none
 _eager_allreduce_async = _C.eager_allreduce_async
 _eager_synchronize = _C.eager_synchronize
 _eager_poll = _C.eager_poll
+_eager_broadcast = _C.eager_broadcast
+_eager_broadcast_ = _C.eager_broadcast_
 
 
 def _allreduce_async(tensor, in_place, average, name, op, prescale_factor, postscale_factor,
@@ -143,10 +145,14 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     return _ops.broadcast_async(tensor, root_rank, name or "", _ps(process_set))
 
 
-@translate_errors
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns `root_rank`'s `tensor` on every rank."""
-    return _ops.broadcast(tensor, root_rank, name or "", _ps(process_set))
+    args = (root_rank, name or "", process_set._id())
+    try:
+        out = None if _is_compiling() else _eager_broadcast(tensor, *args)
+        return _ops.broadcast(tensor, *args) if out is None else out
+    except PeerFailure as e:
+        raise horovod_internal_error(e) from None
 
 
 @translate_errors
@@ -155,10 +161,14 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     return _ops.broadcast_async_(tensor, root_rank, name or "", _ps(process_set))
 
 
-@translate_errors
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns `tensor`."""
-    _ops.broadcast_(tensor, root_rank, name or "", _ps(process_set))
+    args = (root_rank, name or "", process_set._id())
+    try:
+        if _is_compiling() or not _eager_broadcast_(tensor, *args):
+            _ops.broadcast_(tensor, *args)
+    except PeerFailure as e:
+        raise horovod_internal_error(e) from None
     return tensor
 
 

@@ -1,5 +1,5 @@
-// Allreduces (blocking, async, grouped) of plain CPU tensors, synchronize
-// and poll, from eager Python, without the dispatcher. Calling
+// Allreduces (blocking, async, grouped) and blocking broadcasts of plain CPU
+// tensors, synchronize and poll, from eager Python, without the dispatcher. Calling
 // torch.ops.hvd_torch.allreduce_ from Python costs about 2 us before our
 // kernel runs (argument matching against the schema, the dispatch-key walk);
 // for a 4-byte allreduce that is as much as the collective itself. Where the
@@ -140,6 +140,28 @@ bool pollAsync(int64_t handle) {
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
+// The broadcast_ op; false when not taken.
+bool broadcastInPlace(pybind11::handle obj, int64_t root_rank, const std::string& name,
+                      int64_t process_set) {
+  HANDLE_TH_ERRORS
+  const at::Tensor* t = plainCpuTensor(obj);
+  if (t == nullptr) return false;
+  hvd::torch_layer::broadcastBlocking(*t, true, root_rank, name, process_set);
+  return true;
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
+// The broadcast op; None when not taken.
+pybind11::object broadcast(pybind11::handle obj, int64_t root_rank, const std::string& name,
+                           int64_t process_set) {
+  HANDLE_TH_ERRORS
+  const at::Tensor* t = plainCpuTensor(obj);
+  if (t == nullptr) return pybind11::none();
+  return pybind11::cast(
+      hvd::torch_layer::broadcastBlocking(*t, false, root_rank, name, process_set));
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
 // The grouped_allreduce_ op; false when not taken.
 bool groupedAllreduceInPlace(pybind11::handle tensors, const std::string& name, int64_t op,
                              double prescale, double postscale, int64_t process_set) {
@@ -173,4 +195,6 @@ void registerEagerFastPath(pybind11::module& m) {
   m.def("eager_poll", &pollAsync);
   m.def("eager_grouped_allreduce_", &groupedAllreduceInPlace);
   m.def("eager_grouped_allreduce", &groupedAllreduce);
+  m.def("eager_broadcast_", &broadcastInPlace);
+  m.def("eager_broadcast", &broadcast);
 }

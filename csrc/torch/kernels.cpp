@@ -48,13 +48,11 @@ int64_t allgatherAsync(const at::Tensor& t, c10::string_view name, int64_t ps) {
 }
 
 at::Tensor broadcast(const at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
-  return waitHandle(
-      submitToWait([&] { return submitBroadcast(t, false, root, std::string(name), ps); }));
+  return broadcastBlocking(t, false, root, std::string(name), ps);
 }
 
 void broadcastInPlace(at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
-  waitHandle(submitToWait([&] { return submitBroadcast(t, true, root, std::string(name), ps); }));
-  bumpVersion(t);
+  broadcastBlocking(t, true, root, std::string(name), ps);
 }
 
 int64_t broadcastAsync(const at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
@@ -188,6 +186,14 @@ at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std:
   at::Tensor out = waitHandle(submitToWait([&] {
     return submitAllreduce(tensor, in_place, name, op, prescale, postscale, process_set);
   }));
+  if (in_place) bumpVersion(tensor);
+  return out;
+}
+
+at::Tensor broadcastBlocking(const at::Tensor& tensor, bool in_place, int64_t root_rank,
+                             const std::string& name, int64_t process_set) {
+  at::Tensor out = waitHandle(submitToWait(
+      [&] { return submitBroadcast(tensor, in_place, root_rank, name, process_set); }));
   if (in_place) bumpVersion(tensor);
   return out;
 }

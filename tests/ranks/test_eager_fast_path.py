@@ -1,9 +1,10 @@
-"""Eager allreduces of plain CPU tensors (blocking and async), synchronize and poll skip
-the dispatcher (csrc/python/eager_fast_path.cpp): the fast path is taken exactly where
-the dispatcher would add nothing but a version bump, gives the same results, version
-counters and errors as the torch op, and every other case (autograd, subclasses,
-tracing, dispatch and torch-function modes, inference mode, conjugate views) goes
-through the torch op with its usual behaviour. 1 and 2 ranks."""
+"""Eager allreduces of plain CPU tensors (blocking and async), blocking broadcasts,
+synchronize and poll skip the dispatcher (csrc/python/eager_fast_path.cpp): the fast
+path is taken exactly where the dispatcher would add nothing but a version bump, gives
+the same results, version counters and errors as the torch op, and every other case
+(autograd, subclasses, tracing, dispatch and torch-function modes, inference mode,
+conjugate views) goes through the torch op with its usual behaviour. 1 and 2 ranks
+(broadcast: 2 and 3, the last rank the root)."""
 
 import sys
 from pathlib import Path
@@ -220,3 +221,70 @@ def test_async_fast_path_matches_the_torch_op(nranks):
         for fast, op in res["errors"]:
             assert fast is not None and fast == op, res
         assert res["errors"][0][0][0] == "ValueError", res
+
+
+def _broadcast_paths_and_results():
+    import hvd_torch as hvd
+    from hvd_torch import _C
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    res = {}
+
+    class Sub(torch.Tensor):
+        pass
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            return func(*a, **(kw or {}))
+
+    res["plain"] = _C.eager_broadcast_(torch.ones(2), 0, "b.plain", 0)
+    res["needs_grad"] = _C.eager_broadcast_(torch.ones(2, requires_grad=True), 0, "b.g", 0)
+    res["subclass"] = _C.eager_broadcast_(torch.ones(2).as_subclass(Sub), 0, "b.s", 0)
+    with Passthrough():
+        res["dispatch_mode"] = _C.eager_broadcast_(torch.ones(2), 0, "b.m", 0)
+    with torch.inference_mode():
+        res["inference"] = _C.eager_broadcast_(torch.ones(2), 0, "b.i", 0)
+    res["functional_subclass"] = _C.eager_broadcast(torch.ones(2).as_subclass(Sub), 0, "b.fs", 0)
+
+    # Same results and version counters as the torch op; the last rank is the root.
+    root = n - 1
+    x = torch.full((3,), float(r + 1))
+    v0 = x._version
+    hvd.broadcast_(x, root, name="b.ip")
+    res["inplace"] = (x.tolist(), x._version - v0)
+    y = torch.full((3,), float(r + 1))
+    torch.ops.hvd_torch.broadcast_(y, root, "b.ip.op", 0)
+    res["op"] = (y.tolist(), y._version - v0)
+    z = torch.full((2,), float(r + 1))
+    res["functional"] = (hvd.broadcast(z, root, name="b.f").tolist(), z.tolist())
+    sub = torch.full((2,), float(r + 1)).as_subclass(Sub)
+    hvd.broadcast_(sub, root, name="b.sub")
+    res["subclass_result"] = (type(sub).__name__, sub.tolist())
+    w = torch.full((2,), float(r + 1), requires_grad=True)
+    out = hvd.broadcast(w, root, name="b.grad")
+    res["grad"] = (out.requires_grad, out.tolist())
+
+    # A caller's mistake raises the same error either way.
+    res["errors"] = [_error_of(lambda: hvd.broadcast_(torch.ones(1), n + 5, name="b.bad")),
+                     _error_of(lambda: torch.ops.hvd_torch.broadcast_(torch.ones(1), n + 5,
+                                                                       "b.bad", 0))]
+    hvd.shutdown()
+    return res
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_broadcast_fast_path_matches_the_torch_op(nranks):
+    for rank, res in enumerate(run_ranks(_broadcast_paths_and_results, nranks, timeout=120)):
+        root_value = float(nranks)
+        assert res["plain"] is True, res
+        for case in ("needs_grad", "subclass", "dispatch_mode", "inference"):
+            assert res[case] is False, (case, res)
+        assert res["functional_subclass"] is None, res
+        assert res["inplace"] == ([root_value] * 3, 1), res
+        assert res["op"] == ([root_value] * 3, 1), res
+        assert res["functional"] == ([root_value] * 2, [float(rank + 1)] * 2), res
+        assert res["subclass_result"] == ("Sub", [root_value] * 2), res
+        assert res["grad"] == (True, [root_value] * 2), res
+        assert res["errors"][0] is not None and res["errors"][0] == res["errors"][1], res
