@@ -2,11 +2,12 @@
 
     python bench/ab_builds.py --a /work/wt-base --b . --rounds 3 -- -np 2 -b 4 -e 16M -f 16
 
-Each round runs bench/collectives_bench.py (the arguments after --) once on
-build A, then once on build B (B first in odd rounds, so a machine that grows
-busier during the run favours neither), with PYTHONPATH set to the build's
-source tree: each tree needs its extension built in place (`python setup.py
-build_ext --inplace`). The table gives, per op and size and per hvd-torch
+Each round runs each tree's own bench/collectives_bench.py (the arguments
+after --) once on build A, then once on build B (B first in odd rounds, so a
+machine that grows busier during the run favours neither); the bench puts its
+own tree first on the ranks' PYTHONPATH, and this script checks in its JSON
+that the ranks imported that tree's hvd_torch. Each tree needs its extension
+built in place (`python setup.py build_ext --inplace`). The table gives, per op and size and per hvd-torch
 column, A's time over B's (> 1: B is faster), the median over rounds and the
 rounds' range, and the geometric mean over every cell. Ratios, not times: on a
 shared machine only the comparison inside one run means something.
@@ -23,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse_args(argv=None):
@@ -39,15 +39,24 @@ def parse_args(argv=None):
     return args
 
 
+def bench_command(tree: str, bench_args: list[str], out: str) -> list[str]:
+    """The tree's own collectives_bench.py: the bench puts its own repository first on
+    the ranks' PYTHONPATH, so one tree's script would measure that tree's build for
+    both A and B (as this script did until the check in run_bench)."""
+    return [sys.executable, os.path.join(os.path.abspath(tree), "bench", "collectives_bench.py"),
+            *bench_args, "--json", out, "--plot", out[:-len(".json")] + ".png"]
+
+
 def run_bench(tree: str, bench_args: list[str], out: str) -> dict:
-    """One collectives_bench.py run on the build in `tree`; its JSON."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.abspath(tree)] + ([os.environ["PYTHONPATH"]] if "PYTHONPATH" in os.environ else [])))
-    cmd = [sys.executable, os.path.join(HERE, "collectives_bench.py"), *bench_args,
-           "--json", out, "--plot", out[:-len(".json")] + ".png"]
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    """One collectives_bench.py run on the build in `tree`; its JSON.  Raises
+    RuntimeError when the ranks imported hvd_torch from another tree."""
+    subprocess.run(bench_command(tree, bench_args, out), check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
-        return json.load(f)
+        result = json.load(f)
+    imported = result.get("hvd_torch_tree")
+    if imported is not None and os.path.realpath(imported) != os.path.realpath(tree):
+        raise RuntimeError(f"the ranks of the run for {tree} imported hvd_torch from {imported}")
+    return result
 
 
 def cells(result: dict) -> dict[tuple, float]:

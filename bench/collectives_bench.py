@@ -497,6 +497,8 @@ def worker(args):
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "load_average": {"start": load_start, "end": os.getloadavg()},
         "hvd_torch": hvd.__version__,
+        # The source tree the ranks imported (bench/ab_builds.py checks it).
+        "hvd_torch_tree": os.path.dirname(os.path.dirname(os.path.abspath(hvd.__file__))),
         "planes": planes,
         "torch": torch.__version__,
         "mpi": mpi_info,

@@ -37,3 +37,11 @@ def test_arguments_after_the_separator_go_to_the_bench():
     args = ab_builds.parse_args(["--a", "x", "--b", "y", "--", "-np", "2", "-b", "4"])
     assert (args.a, args.b, args.rounds) == ("x", "y", 3)
     assert args.bench_args == ["-np", "2", "-b", "4"]
+
+
+def test_each_build_runs_its_own_bench_script(tmp_path):
+    # The bench puts its own repository first on the ranks' PYTHONPATH: A's run must
+    # start A's script, or both runs measure one build.
+    cmd = ab_builds.bench_command(str(tmp_path / "a"), ["-np", "2"], str(tmp_path / "a0.json"))
+    assert cmd[1] == str(tmp_path / "a" / "bench" / "collectives_bench.py")
+    assert cmd[2:4] == ["-np", "2"] and cmd[cmd.index("--json") + 1] == str(tmp_path / "a0.json")
