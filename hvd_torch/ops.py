@@ -47,6 +47,7 @@ _eager_synchronize = _C.eager_synchronize
 _eager_poll = _C.eager_poll
 _eager_broadcast = _C.eager_broadcast
 _eager_broadcast_ = _C.eager_broadcast_
+_eager_allgather = _C.eager_allgather
 
 
 def _allreduce_async(tensor, in_place, average, name, op, prescale_factor, postscale_factor,
@@ -133,10 +134,14 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     return _ops.allgather_async(tensor, name or "", _ps(process_set))
 
 
-@translate_errors
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenates every rank's `tensor` along dimension 0 (first dims may differ)."""
-    return _ops.allgather(tensor, name or "", _ps(process_set))
+    args = (name or "", process_set._id())
+    try:
+        out = None if _is_compiling() else _eager_allgather(tensor, *args)
+        return _ops.allgather(tensor, *args) if out is None else out
+    except PeerFailure as e:
+        raise horovod_internal_error(e) from None
 
 
 @translate_errors

@@ -1,5 +1,6 @@
-// Allreduces (blocking, async, grouped) and blocking broadcasts of plain CPU
-// tensors, synchronize and poll, from eager Python, without the dispatcher. Calling
+// Allreduces (blocking, async, grouped), blocking broadcasts and allgathers of
+// plain CPU tensors, synchronize and poll, from eager Python, without the
+// dispatcher. Calling
 // torch.ops.hvd_torch.allreduce_ from Python costs about 2 us before our
 // kernel runs (argument matching against the schema, the dispatch-key walk);
 // for a 4-byte allreduce that is as much as the collective itself. Where the
@@ -162,6 +163,15 @@ pybind11::object broadcast(pybind11::handle obj, int64_t root_rank, const std::s
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
+// The allgather op; None when not taken.
+pybind11::object allgather(pybind11::handle obj, const std::string& name, int64_t process_set) {
+  HANDLE_TH_ERRORS
+  const at::Tensor* t = plainCpuTensor(obj);
+  if (t == nullptr) return pybind11::none();
+  return pybind11::cast(hvd::torch_layer::allgatherBlocking(*t, name, process_set));
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
 // The grouped_allreduce_ op; false when not taken.
 bool groupedAllreduceInPlace(pybind11::handle tensors, const std::string& name, int64_t op,
                              double prescale, double postscale, int64_t process_set) {
@@ -197,4 +207,5 @@ void registerEagerFastPath(pybind11::module& m) {
   m.def("eager_grouped_allreduce", &groupedAllreduce);
   m.def("eager_broadcast_", &broadcastInPlace);
   m.def("eager_broadcast", &broadcast);
+  m.def("eager_allgather", &allgather);
 }

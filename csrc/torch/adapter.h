@@ -112,11 +112,14 @@ struct SubmitThenWait {
 // ops do (the dispatcher does not for a custom op), so that autograd refuses
 // a saved tensor we overwrote instead of computing a wrong gradient.
 void bumpVersion(const at::Tensor& t);
-// The blocking allreduce and broadcast kernels (kernels.cpp), for the eager fast path.
+// The blocking allreduce, broadcast and allgather kernels (kernels.cpp), for the eager
+// fast path.
 at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std::string& name,
                              int64_t op, double prescale, double postscale, int64_t process_set);
 at::Tensor broadcastBlocking(const at::Tensor& tensor, bool in_place, int64_t root_rank,
                              const std::string& name, int64_t process_set);
+at::Tensor allgatherBlocking(const at::Tensor& tensor, const std::string& name,
+                             int64_t process_set);
 std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in_place,
                                                  const std::string& name, int64_t op,
                                                  double prescale, double postscale,

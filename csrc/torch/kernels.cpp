@@ -40,7 +40,7 @@ int64_t allreduceAsyncInPlace(at::Tensor& t, c10::string_view name, int64_t op, 
 }
 
 at::Tensor allgather(const at::Tensor& t, c10::string_view name, int64_t ps) {
-  return waitHandle(submitToWait([&] { return submitAllgather(t, std::string(name), ps); }));
+  return allgatherBlocking(t, std::string(name), ps);
 }
 
 int64_t allgatherAsync(const at::Tensor& t, c10::string_view name, int64_t ps) {
@@ -196,6 +196,11 @@ at::Tensor broadcastBlocking(const at::Tensor& tensor, bool in_place, int64_t ro
       [&] { return submitBroadcast(tensor, in_place, root_rank, name, process_set); }));
   if (in_place) bumpVersion(tensor);
   return out;
+}
+
+at::Tensor allgatherBlocking(const at::Tensor& tensor, const std::string& name,
+                             int64_t process_set) {
+  return waitHandle(submitToWait([&] { return submitAllgather(tensor, name, process_set); }));
 }
 
 std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in_place,

@@ -1,10 +1,10 @@
-"""Eager allreduces of plain CPU tensors (blocking and async), blocking broadcasts,
-synchronize and poll skip the dispatcher (csrc/python/eager_fast_path.cpp): the fast
-path is taken exactly where the dispatcher would add nothing but a version bump, gives
-the same results, version counters and errors as the torch op, and every other case
-(autograd, subclasses, tracing, dispatch and torch-function modes, inference mode,
-conjugate views) goes through the torch op with its usual behaviour. 1 and 2 ranks
-(broadcast: 2 and 3, the last rank the root)."""
+"""Eager allreduces of plain CPU tensors (blocking and async), blocking broadcasts and
+allgathers, synchronize and poll skip the dispatcher (csrc/python/eager_fast_path.cpp):
+the fast path is taken exactly where the dispatcher would add nothing but a version
+bump, gives the same results, version counters and errors as the torch op, and every
+other case (autograd, subclasses, tracing, dispatch and torch-function modes, inference
+mode, conjugate views) goes through the torch op with its usual behaviour. 1 and 2
+ranks (broadcast and allgather: 2 and 3, the last rank the broadcast's root)."""
 
 import sys
 from pathlib import Path
@@ -223,7 +223,7 @@ def test_async_fast_path_matches_the_torch_op(nranks):
         assert res["errors"][0][0][0] == "ValueError", res
 
 
-def _broadcast_paths_and_results():
+def _broadcast_and_allgather_paths_and_results():
     import hvd_torch as hvd
     from hvd_torch import _C
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -266,6 +266,15 @@ def _broadcast_paths_and_results():
     out = hvd.broadcast(w, root, name="b.grad")
     res["grad"] = (out.requires_grad, out.tolist())
 
+    # Allgather: rank r gives r + 1 rows.
+    rows = torch.full((r + 1, 2), float(r))
+    res["allgather_plain"] = _C.eager_allgather(rows, "g.probe", 0) is not None
+    res["allgather_subclass"] = _C.eager_allgather(rows.as_subclass(Sub), "g.sub", 0)
+    res["allgather"] = hvd.allgather(rows, name="g").tolist()
+    res["allgather_op"] = torch.ops.hvd_torch.allgather(rows, "g.op", 0).tolist()
+    g = rows.clone().requires_grad_()
+    res["allgather_grad"] = hvd.allgather(g, name="g.grad").requires_grad
+
     # A caller's mistake raises the same error either way.
     res["errors"] = [_error_of(lambda: hvd.broadcast_(torch.ones(1), n + 5, name="b.bad")),
                      _error_of(lambda: torch.ops.hvd_torch.broadcast_(torch.ones(1), n + 5,
@@ -275,8 +284,9 @@ def _broadcast_paths_and_results():
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_broadcast_fast_path_matches_the_torch_op(nranks):
-    for rank, res in enumerate(run_ranks(_broadcast_paths_and_results, nranks, timeout=120)):
+def test_broadcast_and_allgather_fast_paths_match_the_torch_ops(nranks):
+    results = run_ranks(_broadcast_and_allgather_paths_and_results, nranks, timeout=120)
+    for rank, res in enumerate(results):
         root_value = float(nranks)
         assert res["plain"] is True, res
         for case in ("needs_grad", "subclass", "dispatch_mode", "inference"):
@@ -288,3 +298,7 @@ def test_broadcast_fast_path_matches_the_torch_op(nranks):
         assert res["subclass_result"] == ("Sub", [root_value] * 2), res
         assert res["grad"] == (True, [root_value] * 2), res
         assert res["errors"][0] is not None and res["errors"][0] == res["errors"][1], res
+        gathered = [[float(k)] * 2 for k in range(nranks) for _ in range(k + 1)]
+        assert res["allgather_plain"] is True and res["allgather_subclass"] is None, res
+        assert res["allgather"] == res["allgather_op"] == gathered, res
+        assert res["allgather_grad"] is True, res
