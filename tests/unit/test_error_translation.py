@@ -84,15 +84,19 @@ def test_the_classes_keep_their_meaning():
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
 
 
-def test_a_real_cpp_value_error_passes_through_a_decorated_op():
-    # Before init() the C++ layer refuses every op with c10::ValueError.
-    with pytest.raises(ValueError, match="before hvd_torch.init") as info:
-        hvd.allgather(torch.ones(1))
-    assert type(info.value) is ValueError
+def test_a_real_cpp_value_error_passes_through_a_decorated_op_and_the_fast_path():
+    # Before init() the C++ layer refuses every op with c10::ValueError, whether a
+    # decorated op's torch op or the eager fast path raises it.
+    for call in (lambda: hvd.allgather_async(torch.ones(1)), lambda: hvd.allgather(torch.ones(1)),
+                 lambda: hvd.broadcast_(torch.ones(1), 0)):
+        with pytest.raises(ValueError, match="before hvd_torch.init") as info:
+            call()
+        assert type(info.value) is ValueError
 
 
 def test_decorated_ops_keep_their_names_and_docs():
-    for fn in (hvd.allgather, hvd.broadcast_, hvd.grouped_allgather, hvd.join, hvd.poll):
+    for fn in (hvd.allgather_async, hvd.broadcast_async_, hvd.grouped_allgather, hvd.join,
+               hvd.poll):
         assert fn.__wrapped__.__name__ == fn.__name__
         assert fn.__doc__ == fn.__wrapped__.__doc__
 
