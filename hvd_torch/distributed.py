@@ -175,12 +175,17 @@ def _check_backends(store, rank: int, size: int) -> None:
                       "another one than hvd, or not started")
             groups = {BACKEND: [r for r in range(size) if r not in missing], "gloo": gloo,
                       silent: [r for r in missing if r not in gloo]}  # fmt: skip
-            raise exceptions.ValueError(
-                "hvd backend (torch.distributed): the ranks of init_process_group asked for "
-                "different backends: " + "; ".join(
-                    f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {what}"
-                    for what, rs in groups.items() if rs)
-                + f" (this is rank {rank}); every rank must pass the same backend")
+            raise _different_backends("init_process_group", groups, rank)
+
+
+def _different_backends(call: str, ranks_by_backend: dict, rank: int):
+    """The error for ranks of `call` that asked for different backends (docs/errors.md):
+    each backend (or what stands for it) with its ranks; empty lists are left out."""
+    return exceptions.ValueError(
+        f"hvd backend (torch.distributed): the ranks of {call} asked for different backends: "
+        + "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {what}"
+                    for what, rs in ranks_by_backend.items() if rs)
+        + f" (this is rank {rank}); every rank must pass the same backend")
 
 
 def _create_backend(options, backend_options):
@@ -253,8 +258,9 @@ def _check_group_backends(backend) -> None:
     call = getattr(dist.distributed_c10d._world, "group_count", None)
     if call is None:
         return
-    asked = str(backend).lower() if backend is not None else str(dist.get_backend()).lower()
-    if BACKEND not in str(dist.get_backend()).lower() and BACKEND not in asked:
+    default = str(dist.get_backend()).lower()
+    asked = default if backend is None else str(backend).lower()
+    if BACKEND not in default and BACKEND not in asked:
         return
     store = dist.distributed_c10d._get_default_store()
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -274,12 +280,7 @@ def _check_group_backends(backend) -> None:
             f"nothing posted within {_start_timeout():g} s (HOROVOD_START_TIMEOUT)")
         by_backend.setdefault(what, []).append(r)
     if len(by_backend) > 1:
-        raise exceptions.ValueError(
-            f"hvd backend (torch.distributed): the ranks of new_group() (torch's group "
-            f"'{call}') asked for different backends: " + "; ".join(
-                f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {what}"
-                for what, rs in by_backend.items())
-            + f" (this is rank {rank}); every rank must pass the same backend")
+        raise _different_backends(f"new_group() (torch's group '{call}')", by_backend, rank)
 
 
 def _wrap_new_group_with_tag(original):
