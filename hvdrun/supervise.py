@@ -84,6 +84,22 @@ def _cause_order(info: RankInfo, code: int) -> int:
     return 1 if code != 1 else 2
 
 
+def _stop_for(procs: Processes, ranks: list[RankInfo], failed):
+    """Stops the ranks still running after `failed` (rank, exit code) pairs; the return
+    value of supervise, naming the likeliest cause first."""
+    info, code = min(failed, key=lambda f: _cause_order(*f))
+    others = sum(1 for p in procs.procs if p.poll() is None)
+    procs.stop()
+    procs.drain()
+    message = describe_rank_exit(info, code)
+    also = [describe_rank_exit(i, c) for i, c in failed if i is not info]
+    if also:
+        message += "; then " + "; ".join(also)
+    message += f"; stopped the {others} rank(s) still running"
+    note(message)
+    return exit_code(code), message, _cause_order(info, code)
+
+
 def supervise(
     procs: Processes,
     ranks: list[RankInfo],
@@ -104,24 +120,19 @@ def supervise(
         codes = [p.poll() for p in procs.procs]
         failed = [(ranks[i], c) for i, c in enumerate(codes) if c not in (None, 0)]
         if failed:
-            failed = _settle(procs, ranks, failed)
-            info, code = min(failed, key=lambda f: _cause_order(*f))
-            others = sum(1 for p in procs.procs if p.poll() is None)
-            procs.stop()
-            procs.drain()
-            message = describe_rank_exit(info, code)
-            also = [describe_rank_exit(i, c) for i, c in failed if i is not info]
-            if also:
-                message += "; then " + "; ".join(also)
-            message += f"; stopped the {others} rank(s) still running"
-            note(message)
-            return exit_code(code), message, _cause_order(info, code)
+            return _stop_for(procs, ranks, _settle(procs, ranks, failed))
         if all(c == 0 for c in codes):
             return 0, None, None
         if external_failure is not None and time.monotonic() >= next_external:
             next_external = time.monotonic() + 0.5
             why = external_failure()
             if why is not None:
+                # The cause may be a rank here that is still exiting (its interpreter
+                # tearing down) while its peers elsewhere already failed: a moment
+                # lets it be named as this node's failure, and so as the job's cause.
+                failed = _settle(procs, ranks, [])
+                if failed:
+                    return _stop_for(procs, ranks, failed)
                 procs.stop()
                 procs.drain()
                 note(f"{why}; stopped this node's {sum(1 for c in codes if c is None)} rank(s)")
