@@ -318,7 +318,10 @@ def _wrap_new_group_with_tag(original):
 def _register():
     if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
+    # CUDA tensors too where this build moves them (NCCL or host-staged, as
+    # hvd.allreduce does): init_process_group("hvd") then serves both devices.
+    devices = ["cpu", "cuda"] if _C.cuda_built() else ["cpu"]
+    dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=devices)
     from torch.distributed import distributed_c10d
 
     original = getattr(distributed_c10d, "_new_group_with_tag", None)

@@ -15,6 +15,8 @@
 // raise NotImplementedError naming the op.
 #include "c10d_backend.h"
 
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -36,15 +38,24 @@ namespace {
 
 constexpr const char* kPrefix = "hvd backend (torch.distributed): ";
 
+// The devices a Work's future is aware of: none for a CPU op (a plain
+// future), the op's GPU for a CUDA op. A CUDA-aware future records an event
+// on the completing thread's current stream when it completes, and its
+// wait() and callbacks make the consumer's current stream wait on it.
+std::vector<c10::Device> futureDevices(const c10::Device& device) {
+  if (device.is_cpu()) return {};
+  return {device};
+}
+
 // A c10d Work completed by the backend's completion thread through its future.
 // Any thread may wait on it or chain callbacks to its future.
 class HvdWork : public c10d::Work {
  public:
-  HvdWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+  HvdWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, const c10::Device& device)
       : c10d::Work(rank, type),
         outputs_(std::move(outputs)),
         future_(c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()))) {}
+            c10::ListType::create(c10::TensorType::get()), futureDevices(device))) {}
 
   bool isCompleted() override { return future_->completed(); }
   bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
@@ -54,11 +65,11 @@ class HvdWork : public c10d::Work {
 
   // torch releases the GIL around Work.wait. A timeout ends in an error, as
   // Gloo's does; the op itself keeps running (the engine's stall check and
-  // peer-failure detection end a collective that can never finish).
+  // peer-failure detection end a collective that can never finish). For a
+  // CUDA op, as NCCL's Work: the host waits until the engine is done, and the
+  // caller's current stream is ordered after the result (future_->wait()).
   bool wait(std::chrono::milliseconds timeout) override {
-    if (timeout <= std::chrono::milliseconds(0)) {
-      future_->wait();
-    } else {
+    if (timeout > std::chrono::milliseconds(0)) {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
       auto pause = std::chrono::microseconds(20);
       while (!future_->completed()) {
@@ -71,6 +82,7 @@ class HvdWork : public c10d::Work {
         pause = std::min(pause * 2, std::chrono::microseconds(1000));
       }
     }
+    future_->wait();
     if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
     return true;
   }
@@ -82,7 +94,11 @@ class HvdWork : public c10d::Work {
 
 // The completion thread: finishes jobs in submission order (every rank
 // submits a group's collectives in the same order, so the head of the queue
-// is never waiting on a later one), then completes their futures.
+// is never waiting on a later one), then completes their futures. A CUDA
+// job runs with one side stream of its GPU current: waiting for the engine
+// orders that stream after the result (device_io.h's finishOutput), the
+// copies into the caller's outputs run on it, and the job's CUDA-aware
+// future records its completion there.
 //
 // The thread is detached, not joined: a job's callbacks and its tensors'
 // release may need the GIL, which whoever destroys the backend (the main
@@ -96,6 +112,7 @@ class Completer {
     std::function<void()> finish;                       // waits for the engine, copies outputs
     c10::intrusive_ptr<c10::ivalue::Future> future;     // null: nobody waits (a refusal's stand-in)
     std::vector<at::Tensor> value;
+    c10::Device device = c10::Device(c10::kCPU);        // the op's GPU, for a CUDA op
   };
 
   Completer() : state_(std::make_shared<State>()) {
@@ -123,6 +140,7 @@ class Completer {
     std::condition_variable cv;
     std::deque<Job> jobs;
     bool stop = false;
+    std::vector<c10::Stream> streams;  // the completion thread's own
   };
 
   static void run(State& state) {
@@ -135,6 +153,8 @@ class Completer {
         job = std::move(state.jobs.front());
         state.jobs.pop_front();
       }
+      c10::OptionalStreamGuard on_side_stream;
+      if (!job.device.is_cpu()) on_side_stream.reset_stream(sideStream(state, job.device));
       try {
         job.finish();
       } catch (...) {
@@ -144,6 +164,16 @@ class Completer {
       // Runs the future's callbacks (a DDP comm hook's `then`) on this thread.
       if (job.future) job.future->markCompleted(c10::IValue(std::move(job.value)));
     }
+  }
+
+  // This thread's stream on `device`, taken from torch's pool once per device.
+  static c10::Stream sideStream(State& state, const c10::Device& device) {
+    for (const c10::Stream& s : state.streams) {
+      if (s.device() == device) return s;
+    }
+    c10::impl::VirtualGuardImpl impl(device.type());
+    state.streams.push_back(impl.getStreamFromGlobalPool(device));
+    return state.streams.back();
   }
 
   std::shared_ptr<State> state_;
@@ -223,7 +253,7 @@ class HvdBackend : public c10d::Backend {
       at::Tensor t = single(tensors, what);
       const Reduction red = reduction(opts.reduceOp, what, false);
       const int64_t h = submitAllreduce(t, true, name, red.op, red.prescale, 1.0, process_set_);
-      return launch(c10d::OpType::ALLREDUCE, {t}, [h] { waitHandle(h); });
+      return launch(c10d::OpType::ALLREDUCE, t.device(), {t}, [h] { waitHandle(h); });
     });
   }
 
@@ -243,14 +273,15 @@ class HvdBackend : public c10d::Backend {
       if (tensors.size() == 1) {
         const int64_t h =
             submitAllreduce(tensors[0], true, name, red.op, red.prescale, 1.0, process_set_);
-        return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors, [h] { waitHandle(h); });
+        return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors[0].device(), tensors,
+                      [h] { waitHandle(h); });
       }
-      // CPU tensors of one dtype: one engine op (a bundle), named `name`.
+      // Tensors of one dtype: one engine op (a bundle), named `name`.
       std::vector<int64_t> handles =
           submitGroup(GroupedKind::kAllreduceInPlace, tensors, name, red.op, red.prescale, 1.0,
                       process_set_);
       for (const auto& t : tensors) bumpVersion(t);
-      return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors, [handles] {
+      return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors[0].device(), tensors, [handles] {
         for (int64_t h : handles) waitHandle(h);
       });
     });
@@ -264,7 +295,7 @@ class HvdBackend : public c10d::Backend {
       at::Tensor t = single(tensors, what);
       const int64_t root = globalRank(opts.rootRank, what);
       const int64_t h = submitBroadcast(t, true, root, name, process_set_);
-      return launch(c10d::OpType::BROADCAST, {t}, [h] { waitHandle(h); });
+      return launch(c10d::OpType::BROADCAST, t.device(), {t}, [h] { waitHandle(h); });
     });
   }
 
@@ -281,7 +312,7 @@ class HvdBackend : public c10d::Backend {
       at::Tensor target = root ? t : t.clone();
       const int64_t h =
           submitAllreduce(target, true, name, red.op, red.prescale, 1.0, process_set_);
-      return launch(c10d::OpType::REDUCE, {t}, [h, target] { waitHandle(h); });
+      return launch(c10d::OpType::REDUCE, t.device(), {t}, [h, target] { waitHandle(h); });
     });
   }
 
@@ -300,7 +331,7 @@ class HvdBackend : public c10d::Backend {
       // Flattened, so ranks may gather tensors of different shapes (each
       // output says what its rank sends).
       const int64_t h = submitAllgather(in.reshape({-1}), name, process_set_);
-      return launch(c10d::OpType::ALLGATHER, outs, [h, outs, name] {
+      return launch(c10d::OpType::ALLGATHER, in.device(), outs, [h, outs, name] {
         Pending p;
         at::Tensor gathered = waitHandle(h, &p);
         scatterRows(gathered, p.work->rankRows(), outs, "all_gather", name);
@@ -321,7 +352,7 @@ class HvdBackend : public c10d::Backend {
       const int64_t h =
           submitAllgather(input.reshape({-1}), name, process_set_, nullptr, into(output, input));
       at::Tensor out = output;
-      return launch(c10d::OpType::_ALLGATHER_BASE, {output}, [h, out, name] {
+      return launch(c10d::OpType::_ALLGATHER_BASE, input.device(), {output}, [h, out, name] {
         at::Tensor gathered = waitHandle(h);
         copyFlat(gathered, out, "all_gather_into_tensor", name);
       });
@@ -335,8 +366,10 @@ class HvdBackend : public c10d::Backend {
                       "all_gather_into_tensor_coalesced: ", outputs.size(), " outputs for ",
                       inputs.size(), " inputs");
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (size_t i = 0; i < inputs.size(); ++i) works.push_back(_allgather_base(outputs[i], inputs[i], opts));
-    return all(c10d::OpType::_ALLGATHER_BASE, outputs, std::move(works));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      works.push_back(_allgather_base(outputs[i], inputs[i], opts));
+    }
+    return all(c10d::OpType::_ALLGATHER_BASE, deviceOf(inputs), outputs, std::move(works));
   }
 
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -362,7 +395,7 @@ class HvdBackend : public c10d::Backend {
       // Every rank receives every input (an allgather): gather moves more bytes
       // than it needs to, and is correct.
       const int64_t h = submitAllgather(in.reshape({-1}), name, process_set_);
-      return launch(c10d::OpType::GATHER, outs, [h, outs, name, root] {
+      return launch(c10d::OpType::GATHER, in.device(), outs, [h, outs, name, root] {
         Pending p;
         at::Tensor gathered = waitHandle(h, &p);
         if (root) scatterRows(gathered, p.work->rankRows(), outs, "gather", name);
@@ -400,7 +433,7 @@ class HvdBackend : public c10d::Backend {
         send = at::empty({0}, out.options());
       }
       const int64_t h = submitAlltoall(send, at::tensor(splits, at::kLong), name, process_set_);
-      return launch(c10d::OpType::SCATTER, {out}, [h, out, name] {
+      return launch(c10d::OpType::SCATTER, out.device(), {out}, [h, out, name] {
         auto received = waitAlltoall(h);
         copyFlat(std::get<0>(received), out, "scatter", name);
       });
@@ -453,7 +486,7 @@ class HvdBackend : public c10d::Backend {
     for (size_t i = 0; i < inputs.size(); ++i)
       works.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));
     // COALESCED: torch 2.11 has no REDUCE_SCATTER_TENSOR_COALESCED.
-    return all(c10d::OpType::COALESCED, outputs, std::move(works));
+    return all(c10d::OpType::COALESCED, deviceOf(inputs), outputs, std::move(works));
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -479,7 +512,8 @@ class HvdBackend : public c10d::Backend {
       const int64_t h = submitAlltoall(input, splits, name, process_set_, into(output, input));
       at::Tensor out = output;
       std::vector<int64_t> expected = output_splits;
-      return launch(c10d::OpType::ALLTOALL_BASE, {output}, [h, out, expected, name] {
+      const c10::Device device = input.device();
+      return launch(c10d::OpType::ALLTOALL_BASE, device, {output}, [h, out, expected, name] {
         auto received = waitAlltoall(h);
         const at::Tensor rows = std::get<1>(received);
         if (!expected.empty()) {
@@ -519,10 +553,11 @@ class HvdBackend : public c10d::Backend {
       const int64_t h =
           submitAlltoall(at::cat(flat), at::tensor(splits, at::kLong), name, process_set_);
       std::vector<at::Tensor> outs = outputs;
-      return launch(c10d::OpType::ALLTOALL, outs, [h, outs, name] {
+      return launch(c10d::OpType::ALLTOALL, inputs[0].device(), outs, [h, outs, name] {
         auto received = waitAlltoall(h);
         const at::Tensor rows = std::get<1>(received).to(at::kLong);
-        std::vector<int64_t> dims(rows.data_ptr<int64_t>(), rows.data_ptr<int64_t>() + rows.numel());
+        const int64_t* row = rows.data_ptr<int64_t>();
+        std::vector<int64_t> dims(row, row + rows.numel());
         scatterRows(std::get<0>(received), dims, outs, "all_to_all", name);
       });
     });
@@ -532,7 +567,7 @@ class HvdBackend : public c10d::Backend {
     requireRunningEngine();
     const std::string name = nextName();
     const int64_t h = submitBarrier(process_set_, name);
-    return launch(c10d::OpType::BARRIER, {}, [h] { waitHandle(h); });
+    return launch(c10d::OpType::BARRIER, c10::Device(c10::kCPU), {}, [h] { waitHandle(h); });
   }
 
   // destroy_process_group(), on the group over every rank: wait until every
@@ -612,19 +647,26 @@ class HvdBackend : public c10d::Backend {
     }
   }
 
-  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs,
+  // `device`: where the op's tensors are (the CPU, or this rank's GPU).
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const c10::Device& device,
+                                        std::vector<at::Tensor> outputs,
                                         std::function<void()> finish) {
-    auto work = c10::make_intrusive<HvdWork>(getRank(), type, outputs);
-    completer_.push({std::move(finish), work->getFuture(), std::move(outputs)});
+    auto work = c10::make_intrusive<HvdWork>(getRank(), type, outputs, device);
+    completer_.push({std::move(finish), work->getFuture(), std::move(outputs), device});
     return work;
   }
 
   // One Work for several: completes when they all have (the first error wins).
-  c10::intrusive_ptr<c10d::Work> all(c10d::OpType type, std::vector<at::Tensor> outputs,
+  c10::intrusive_ptr<c10d::Work> all(c10d::OpType type, const c10::Device& device,
+                                     std::vector<at::Tensor> outputs,
                                      std::vector<c10::intrusive_ptr<c10d::Work>> works) {
-    return launch(type, std::move(outputs), [works] {
+    return launch(type, device, std::move(outputs), [works] {
       for (const auto& w : works) w->wait();
     });
+  }
+
+  static c10::Device deviceOf(const std::vector<at::Tensor>& tensors) {
+    return tensors.empty() ? c10::Device(c10::kCPU) : tensors[0].device();
   }
 
   at::Tensor single(const std::vector<at::Tensor>& tensors, const char* what) const {
@@ -638,15 +680,18 @@ class HvdBackend : public c10d::Backend {
     TORCH_CHECK_VALUE(t.defined(), kPrefix, what, ": undefined tensor");
     TORCH_CHECK_VALUE(t.layout() == at::kStrided, kPrefix, what, ": ", t.layout(),
                       " tensors are not supported (dense tensors only)");
-    TORCH_CHECK_VALUE(t.device().is_cpu(), kPrefix, what, ": tensor on ", t.device(),
-                      "; the hvd backend moves CPU tensors. For CUDA tensors pair it with NCCL: "
-                      "dist.init_process_group(\"cpu:hvd,cuda:nccl\")");
+    // A CUDA tensor on another GPU than this rank's, or in a build without
+    // CUDA, is refused by the engine's submission (device_io.h), naming the op.
+    TORCH_CHECK_VALUE(t.device().is_cpu() || t.device().is_cuda(), kPrefix, what,
+                      ": tensor on ", t.device(), "; the hvd backend moves CPU and CUDA tensors");
   }
 
   static void checkOutput(const at::Tensor& o, const at::Tensor& in, const char* what) {
     checkTensor(o, what);
     TORCH_CHECK_VALUE(o.scalar_type() == in.scalar_type(), kPrefix, what, ": dtype ",
                       o.scalar_type(), " differs from the input's ", in.scalar_type());
+    TORCH_CHECK_VALUE(o.device() == in.device(), kPrefix, what, ": a tensor on ", o.device(),
+                      " beside one on ", in.device(), " (every tensor of a call on one device)");
   }
 
   int64_t globalRank(int64_t group_rank, const char* what) const {
@@ -666,7 +711,7 @@ class HvdBackend : public c10d::Backend {
                             into(output, rows));
     at::Tensor out = output;
     std::string op = what;
-    return launch(type, {output}, [h, out, op, name] {
+    return launch(type, output.device(), {output}, [h, out, op, name] {
       copyFlat(waitHandle(h), out, op.c_str(), name);
     });
   }

@@ -2,7 +2,8 @@
 // run on the hvd engine through the same submission path as hvd.allreduce and
 // friends (adapter.h), so `dist.init_process_group("hvd")` moves DDP's and
 // FSDP's bytes through our data planes (shared memory on one host, Gloo or
-// hierarchical across hosts). hvd_torch/distributed.py registers it with
+// hierarchical across hosts; NCCL or host-staged for CUDA tensors, with
+// CUDA-aware futures). hvd_torch/distributed.py registers it with
 // torch.distributed.Backend.register_backend; docs/torch_distributed.md says
 // what is supported.
 //

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
-FILES = ["test_cuda_training.py", "test_cuda_sets_join.py", "test_cuda_adasum.py"]
+FILES = ["test_cuda_training.py", "test_cuda_sets_join.py", "test_cuda_adasum.py",
+         "test_c10d_cuda.py"]
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="with a GPU those files run on it themselves")
