@@ -48,6 +48,18 @@ _eager_poll = _C.eager_poll
 _eager_broadcast = _C.eager_broadcast
 _eager_broadcast_ = _C.eager_broadcast_
 _eager_allgather = _C.eager_allgather
+_eager_alltoall = _C.eager_alltoall
+_eager_reducescatter = _C.eager_reducescatter
+
+
+def _eager_or_op(eager, op, tensor, *args):
+    """The eager fast path's result, or the torch op's where the fast path is not taken
+    (None) or torch.compile traces."""
+    try:
+        out = None if _is_compiling() else eager(tensor, *args)
+        return op(tensor, *args) if out is None else out
+    except PeerFailure as e:
+        raise horovod_internal_error(e) from None
 
 
 def _allreduce_async(tensor, in_place, average, name, op, prescale_factor, postscale_factor,
@@ -93,14 +105,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         out = adasum.allreduce(compressed, name, float(prescale_factor), float(postscale_factor),
                                process_set)
         return out if compression is _no_compression else compression.decompress(out, ctx)
-    args = (name or "", op, float(prescale_factor), float(postscale_factor),
-            process_set._id())
-    try:
-        out = None if _is_compiling() else _eager_allreduce(compressed, *args)
-        if out is None:
-            out = _ops.allreduce(compressed, *args)
-    except PeerFailure as e:
-        raise horovod_internal_error(e) from None
+    out = _eager_or_op(_eager_allreduce, _ops.allreduce, compressed, name or "", op,
+                       float(prescale_factor), float(postscale_factor), process_set._id())
     return out if compression is _no_compression else compression.decompress(out, ctx)
 
 
@@ -136,12 +142,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenates every rank's `tensor` along dimension 0 (first dims may differ)."""
-    args = (name or "", process_set._id())
-    try:
-        out = None if _is_compiling() else _eager_allgather(tensor, *args)
-        return _ops.allgather(tensor, *args) if out is None else out
-    except PeerFailure as e:
-        raise horovod_internal_error(e) from None
+    return _eager_or_op(_eager_allgather, _ops.allgather, tensor, name or "", process_set._id())
 
 
 @translate_errors
@@ -152,12 +153,8 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns `root_rank`'s `tensor` on every rank."""
-    args = (root_rank, name or "", process_set._id())
-    try:
-        out = None if _is_compiling() else _eager_broadcast(tensor, *args)
-        return _ops.broadcast(tensor, *args) if out is None else out
-    except PeerFailure as e:
-        raise horovod_internal_error(e) from None
+    return _eager_or_op(_eager_broadcast, _ops.broadcast, tensor, root_rank, name or "",
+                        process_set._id())
 
 
 @translate_errors
@@ -185,7 +182,6 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                                     float(postscale_factor), _ps(process_set))
 
 
-@translate_errors
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces `tensor` over all ranks (Average or Sum) and returns this rank's rows.
@@ -195,8 +191,8 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     allgather of the gradient (scaled like the forward).
     """
     compressed, ctx = compression.compress(tensor)
-    out = _ops.reducescatter(compressed, name or "", op, float(prescale_factor),
-                             float(postscale_factor), _ps(process_set))
+    out = _eager_or_op(_eager_reducescatter, _ops.reducescatter, compressed, name or "", op,
+                       float(prescale_factor), float(postscale_factor), _ps(process_set))
     return compression.decompress(out, ctx)
 
 
@@ -255,7 +251,6 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return _ops.alltoall_async(tensor, _splits(splits), name or "", _ps(process_set))
 
 
-@translate_errors
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Sends splits[r] rows of `tensor` (in order) to rank r and concatenates what arrives.
 
@@ -263,7 +258,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     tensor, and with `splits` also the rows received from each rank (int32),
     as Horovod does. Differentiable: the gradient is sent back the same way.
     """
-    output, received = _ops.alltoall(tensor, _splits(splits), name or "", _ps(process_set))
+    output, received = _eager_or_op(_eager_alltoall, _ops.alltoall, tensor, _splits(splits),
+                                    name or "", _ps(process_set))
     return output if splits is None else (output, received)
 
 

@@ -1,6 +1,6 @@
-// Allreduces (blocking, async, grouped), blocking broadcasts and allgathers of
-// plain CPU tensors, synchronize and poll, from eager Python, without the
-// dispatcher. Calling
+// Allreduces (blocking, async, grouped), blocking broadcasts, allgathers,
+// alltoalls and reducescatters of plain CPU tensors, synchronize and poll,
+// from eager Python, without the dispatcher. Calling
 // torch.ops.hvd_torch.allreduce_ from Python costs about 2 us before our
 // kernel runs (argument matching against the schema, the dispatch-key walk);
 // for a 4-byte allreduce that is as much as the collective itself. Where the
@@ -172,6 +172,33 @@ pybind11::object allgather(pybind11::handle obj, const std::string& name, int64_
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
+// The alltoall op; None when not taken. `splits`: None or a plain tensor.
+pybind11::object alltoall(pybind11::handle obj, pybind11::handle splits, const std::string& name,
+                          int64_t process_set) {
+  HANDLE_TH_ERRORS
+  const at::Tensor* t = plainCpuTensor(obj);
+  if (t == nullptr) return pybind11::none();
+  c10::optional<at::Tensor> split_rows;
+  if (!splits.is_none()) {
+    const at::Tensor* s = plainTensor(splits.ptr());
+    if (s == nullptr) return pybind11::none();
+    split_rows = *s;
+  }
+  return pybind11::cast(hvd::torch_layer::alltoallBlocking(*t, split_rows, name, process_set));
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
+// The reducescatter op; None when not taken.
+pybind11::object reducescatter(pybind11::handle obj, const std::string& name, int64_t op,
+                               double prescale, double postscale, int64_t process_set) {
+  HANDLE_TH_ERRORS
+  const at::Tensor* t = plainCpuTensor(obj);
+  if (t == nullptr) return pybind11::none();
+  return pybind11::cast(hvd::torch_layer::reducescatterBlocking(*t, name, op, prescale,
+                                                                postscale, process_set));
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
 // The grouped_allreduce_ op; false when not taken.
 bool groupedAllreduceInPlace(pybind11::handle tensors, const std::string& name, int64_t op,
                              double prescale, double postscale, int64_t process_set) {
@@ -208,4 +235,6 @@ void registerEagerFastPath(pybind11::module& m) {
   m.def("eager_broadcast_", &broadcastInPlace);
   m.def("eager_broadcast", &broadcast);
   m.def("eager_allgather", &allgather);
+  m.def("eager_alltoall", &alltoall);
+  m.def("eager_reducescatter", &reducescatter);
 }

@@ -112,14 +112,20 @@ struct SubmitThenWait {
 // ops do (the dispatcher does not for a custom op), so that autograd refuses
 // a saved tensor we overwrote instead of computing a wrong gradient.
 void bumpVersion(const at::Tensor& t);
-// The blocking allreduce, broadcast and allgather kernels (kernels.cpp), for the eager
-// fast path.
+// The blocking allreduce, broadcast, allgather, alltoall and reducescatter
+// kernels (kernels.cpp), for the eager fast path.
 at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std::string& name,
                              int64_t op, double prescale, double postscale, int64_t process_set);
 at::Tensor broadcastBlocking(const at::Tensor& tensor, bool in_place, int64_t root_rank,
                              const std::string& name, int64_t process_set);
 at::Tensor allgatherBlocking(const at::Tensor& tensor, const std::string& name,
                              int64_t process_set);
+std::tuple<at::Tensor, at::Tensor> alltoallBlocking(const at::Tensor& tensor,
+                                                    const c10::optional<at::Tensor>& splits,
+                                                    const std::string& name,
+                                                    int64_t process_set);
+at::Tensor reducescatterBlocking(const at::Tensor& tensor, const std::string& name, int64_t op,
+                                 double prescale, double postscale, int64_t process_set);
 std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in_place,
                                                  const std::string& name, int64_t op,
                                                  double prescale, double postscale,

@@ -68,8 +68,7 @@ int64_t broadcastAsyncInPlace(at::Tensor& t, int64_t root, c10::string_view name
 std::tuple<at::Tensor, at::Tensor> alltoall(const at::Tensor& t,
                                             const c10::optional<at::Tensor>& splits,
                                             c10::string_view name, int64_t ps) {
-  return waitAlltoall(
-      submitToWait([&] { return submitAlltoall(t, splits, std::string(name), ps); }));
+  return alltoallBlocking(t, splits, std::string(name), ps);
 }
 
 int64_t alltoallAsync(const at::Tensor& t, const c10::optional<at::Tensor>& splits,
@@ -83,8 +82,7 @@ std::tuple<at::Tensor, at::Tensor> synchronizeAlltoall(int64_t handle) {
 
 at::Tensor reducescatter(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
                          double post, int64_t ps) {
-  return waitHandle(submitToWait(
-      [&] { return submitReducescatter(t, std::string(name), op, pre, post, ps); }));
+  return reducescatterBlocking(t, std::string(name), op, pre, post, ps);
 }
 
 int64_t reducescatterAsync(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
@@ -201,6 +199,21 @@ at::Tensor broadcastBlocking(const at::Tensor& tensor, bool in_place, int64_t ro
 at::Tensor allgatherBlocking(const at::Tensor& tensor, const std::string& name,
                              int64_t process_set) {
   return waitHandle(submitToWait([&] { return submitAllgather(tensor, name, process_set); }));
+}
+
+std::tuple<at::Tensor, at::Tensor> alltoallBlocking(const at::Tensor& tensor,
+                                                    const c10::optional<at::Tensor>& splits,
+                                                    const std::string& name,
+                                                    int64_t process_set) {
+  return waitAlltoall(
+      submitToWait([&] { return submitAlltoall(tensor, splits, name, process_set); }));
+}
+
+at::Tensor reducescatterBlocking(const at::Tensor& tensor, const std::string& name, int64_t op,
+                                 double prescale, double postscale, int64_t process_set) {
+  return waitHandle(submitToWait([&] {
+    return submitReducescatter(tensor, name, op, prescale, postscale, process_set);
+  }));
 }
 
 std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in_place,

@@ -302,3 +302,73 @@ def test_broadcast_and_allgather_fast_paths_match_the_torch_ops(nranks):
         assert res["allgather_plain"] is True and res["allgather_subclass"] is None, res
         assert res["allgather"] == res["allgather_op"] == gathered, res
         assert res["allgather_grad"] is True, res
+
+
+def _alltoall_and_reducescatter_paths_and_results():
+    import hvd_torch as hvd
+    from hvd_torch import _C
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    res = {}
+
+    class Sub(torch.Tensor):
+        pass
+
+    # Alltoall: rank r sends k + 1 rows of value 10 r + k to rank k.
+    x = torch.cat([torch.full((k + 1, 2), float(10 * r + k)) for k in range(n)])
+    splits = torch.tensor([k + 1 for k in range(n)], dtype=torch.int32)
+    probe = _C.eager_alltoall(x, splits, "a.probe", 0)
+    res["alltoall_plain"] = probe is not None
+    res["alltoall_subclass"] = _C.eager_alltoall(x.as_subclass(Sub), splits, "a.sub", 0)
+    res["alltoall_subclass_splits"] = _C.eager_alltoall(x, splits.as_subclass(Sub), "a.ss", 0)
+    out, received = hvd.alltoall(x, splits=[k + 1 for k in range(n)], name="a")
+    op_out, op_received = torch.ops.hvd_torch.alltoall(x, splits, "a.op", 0)
+    res["alltoall"] = (out[:, 0].tolist(), received.tolist(), received.dtype == torch.int32)
+    res["alltoall_op"] = (op_out[:, 0].tolist(), op_received.tolist())
+    even = hvd.alltoall(torch.arange(float(2 * n)) + 100 * r, name="a.even")
+    res["alltoall_even"] = even.tolist()
+    g = x.clone().requires_grad_()
+    res["alltoall_grad"] = hvd.alltoall(g, splits=splits, name="a.grad")[0].requires_grad
+
+    # Reducescatter of 2n rows: rank r gets rows 2r and 2r + 1, summed over ranks.
+    rows = torch.arange(float(2 * n)).reshape(2 * n, 1) * (r + 1)
+    res["reducescatter_plain"] = _C.eager_reducescatter(rows, "rs.probe", 1, 1.0, 1.0, 0) is not None
+    res["reducescatter_subclass"] = _C.eager_reducescatter(rows.as_subclass(Sub), "rs.sub", 1,
+                                                           1.0, 1.0, 0)
+    res["reducescatter"] = hvd.reducescatter(rows, name="rs", op=hvd.Sum).flatten().tolist()
+    res["reducescatter_op"] = torch.ops.hvd_torch.reducescatter(rows, "rs.op", 1, 1.0, 1.0,
+                                                                0).flatten().tolist()
+    res["reducescatter_avg_fp16"] = hvd.reducescatter(
+        rows, name="rs.c", compression=hvd.Compression.fp16).flatten().tolist()
+    w = rows.clone().requires_grad_()
+    res["reducescatter_grad"] = hvd.reducescatter(w, name="rs.grad", op=hvd.Sum).requires_grad
+
+    # A caller's mistake raises the same error either way.
+    bad = torch.tensor([1] * (n + 1), dtype=torch.int32)  # one split too many
+    res["errors"] = [_error_of(lambda: hvd.alltoall(x, splits=bad, name="a.bad")),
+                     _error_of(lambda: torch.ops.hvd_torch.alltoall(x, bad, "a.bad", 0))]
+    hvd.shutdown()
+    return res
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_alltoall_and_reducescatter_fast_paths_match_the_torch_ops(nranks):
+    results = run_ranks(_alltoall_and_reducescatter_paths_and_results, nranks, timeout=120)
+    n = nranks
+    total = float(sum(range(1, n + 1)))
+    for r, res in enumerate(results):
+        assert res["alltoall_plain"] is True, res
+        assert res["alltoall_subclass"] is None and res["alltoall_subclass_splits"] is None, res
+        received = [float(10 * k + r) for k in range(n) for _ in range(r + 1)]
+        assert res["alltoall"] == (received, [r + 1] * n, True), res
+        assert res["alltoall_op"] == (received, [r + 1] * n), res
+        assert res["alltoall_even"] == [float(100 * k + 2 * r + j) for k in range(n)
+                                        for j in range(2)], res
+        assert res["alltoall_grad"] is True, res
+        assert res["reducescatter_plain"] is True and res["reducescatter_subclass"] is None, res
+        mine = [total * (2 * r), total * (2 * r + 1)]
+        assert res["reducescatter"] == res["reducescatter_op"] == mine, res
+        assert res["reducescatter_avg_fp16"] == [v / n for v in mine], res
+        assert res["reducescatter_grad"] is True, res
+        assert res["errors"][0] is not None and res["errors"][0] == res["errors"][1], res
