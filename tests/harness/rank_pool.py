@@ -286,6 +286,16 @@ def _worker_main(rank: int) -> int:
     import torch  # noqa: F401  (the point of a warm worker: imported once)
     import hvd_torch  # noqa: F401
 
+    # torch.compile's progress bars start tqdm's monitor thread, which lives on
+    # after the job and so made every compiling test's workers unfit for the next
+    # (a new pool each time). The monitor only warns about slow bars: not needed here.
+    try:
+        import tqdm
+
+        tqdm.tqdm.monitor_interval = 0
+    except ImportError:
+        pass
+
     baseline = _Baseline()
     sys.stdout.write("ready\n")
     sys.stdout.flush()
