@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from ray_harness import no_leaks, ray_module_fixture  # noqa: F401  (fixtures)
+from ray_harness import no_leaks, ray_module_fixture, warm_executor  # noqa: F401  (fixtures)
 
 import hvd_torch as hvd
 import ray_integration
@@ -34,15 +34,13 @@ class _Executable:
         self.value = value
 
 
-@pytest.mark.parametrize("nworkers", [2, 3])
-def test_execute_without_executable_cls_passes_none(nworkers):
-    executor = RayExecutor(RayExecutor.create_settings(verbose=0), num_workers=nworkers)
-    executor.start()
-    try:
-        results = executor.execute(_describe)
-        single = executor.execute_single(lambda exe: exe)
-    finally:
-        executor.shutdown()
+@pytest.mark.parametrize("warm_executor", [2, 3], indirect=True)
+def test_execute_without_executable_cls_passes_none(warm_executor):
+    # Warm workers (ray_harness.warm_executor) were started without an executable.
+    executor = warm_executor
+    results = executor.execute(_describe)
+    single = executor.execute_single(lambda exe: exe)
+    nworkers = executor.num_workers
     total = float(sum(range(1, nworkers + 1)))
     assert results == [(None, r, total) for r in range(nworkers)]
     assert single is None
