@@ -90,10 +90,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
     # Ray modules that share a cluster shape run one after another, so one Ray
     # serves them all (harness/ray_harness.py starts a new one only when the
-    # shape changes).  sorted() is stable: within a shape, file order stays.
+    # shape changes).  Within a shape, the tests on warm workers come first,
+    # by their number of workers, so that one warm executor serves each run of
+    # them (ray_harness.warm_executor).  sorted() is stable: otherwise file
+    # order stays.
     def shape_key(item):
         shape = getattr(item.module, "RAY_SHAPE", None) if item.get_closest_marker("ray") else None
-        return (0, "") if shape is None else (1, repr(sorted(shape.items())))
+        if shape is None:
+            return (0, "", 0)
+        callspec = getattr(item, "callspec", None)
+        warm = callspec.params.get("warm_executor") if callspec else None
+        return (1, repr(sorted(shape.items())), float("inf") if warm is None else warm)
 
     items[:] = sorted(items, key=shape_key)
 

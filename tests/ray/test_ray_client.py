@@ -3,22 +3,31 @@ a clear message by RayExecutor.start(), static and elastic: the job's
 rendezvous store lives in the driver process, which the cluster's workers could
 not reach, so the alternative is a rendezvous that times out.
 
-A real Ray head with its client server runs in its own process session on
-ports and a temp dir of its own; the driver is a fresh process that connects
-through ray://. Everything the head started is killed afterwards."""
+A real Ray Client server (Ray's own, `python -m ray.util.client.server`) serves
+the shared local Ray of this shape, in its own process session on a port of its
+own; the driver is a fresh process that connects through ray://. The server
+runs in "legacy" mode: it is itself the client's driver on the cluster, where a
+`ray start --head` would first start a whole head of its own (GCS, raylet,
+agents) and a proxy, then one more server process per client. The server's
+whole session is killed afterwards."""
 
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from ray_harness import no_leaks, ray_address, ray_module_fixture  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# Any shape serves; this one's Ray runs anyway (test_ray_executor and others).
+RAY_SHAPE = dict(num_cpus=4, num_gpus=4)
+ray_session = ray_module_fixture(**RAY_SHAPE)
+pytestmark = [pytest.mark.usefixtures("ray_session", "no_leaks"), pytest.mark.timeout(180)]
 
 DRIVER = """
 import sys, time
@@ -29,10 +38,10 @@ while True:
     try:
         ray.init("ray://127.0.0.1:%(port)d")
         break
-    except Exception as e:  # the head's client server is still starting
+    except Exception as e:  # the client server is still starting
         if time.monotonic() > deadline:
             raise SystemExit("could not connect: %%r" %% e)
-        time.sleep(1)
+        time.sleep(0.2)
 settings = RayExecutor.create_settings(verbose=0)
 for make in (lambda: RayExecutor(settings, num_workers=1),
              lambda: RayExecutor(settings, min_workers=1, max_workers=1)):  # elastic
@@ -50,37 +59,33 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _processes_mentioning(text):
-    out = subprocess.run(["pgrep", "-f", text], capture_output=True, text=True, check=False)
-    return [int(p) for p in out.stdout.split() if int(p) != os.getpid()]
+def _session_processes(sid):
+    out = subprocess.run(["pgrep", "-s", str(sid)], capture_output=True, text=True, check=False)
+    return [int(p) for p in out.stdout.split()]
 
 
-@pytest.mark.timeout(300)
 def test_ray_client_driver_is_refused_clearly():
     pytest.importorskip("grpc", reason="Ray Client needs ray[client] (scripts/setup.sh)")
-    gcs_port, client_port = _free_port(), _free_port()
-    temp_dir = tempfile.mkdtemp(prefix="hvdrc", dir="/tmp")
-    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    head = subprocess.Popen(
-        [ray_cli, "start", "--head", "--block", f"--port={gcs_port}",
-         f"--ray-client-server-port={client_port}", "--num-cpus=1", f"--temp-dir={temp_dir}",
-         "--include-dashboard=false", "--node-ip-address=127.0.0.1"],
+    client_port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ray.util.client.server", "--mode=legacy", "--host=127.0.0.1",
+         f"--port={client_port}", f"--address={ray_address()}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         run = subprocess.run([sys.executable, "-c", DRIVER % {"port": client_port}],
-                             capture_output=True, text=True, timeout=200, cwd=ROOT,
+                             capture_output=True, text=True, timeout=120, cwd=ROOT,
                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
+        os.killpg(server.pid, signal.SIGTERM)
         try:
-            head.wait(30)
+            server.wait(30)
         except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(10)
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(10)
         deadline = time.monotonic() + 20
-        while _processes_mentioning(temp_dir) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = _processes_mentioning(temp_dir)
+        while _session_processes(server.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = _session_processes(server.pid)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
     results = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT")]
@@ -88,4 +93,4 @@ def test_ray_client_driver_is_refused_clearly():
     for line, what in zip(results, ("RayExecutor.start()", "ElasticRayExecutor.start()")):
         assert line.startswith("RESULT RuntimeError"), line
         assert what in line and "Ray Client (ray://) connections are not supported" in line, line
-    assert not left, f"processes of the test's Ray head outlived it: {left}"
+    assert not left, f"processes of the test's Ray Client server outlived it: {left}"

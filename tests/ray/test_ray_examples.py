@@ -7,7 +7,8 @@ import re
 import pytest
 from ray_harness import no_leaks, ray_address, ray_module_fixture, run_example  # noqa: F401
 
-RAY_SHAPE = dict(num_cpus=4)
+# The shape of test_ray_executor (its GPU tests): one Ray serves both.
+RAY_SHAPE = dict(num_cpus=4, num_gpus=4)
 ray_session = ray_module_fixture(**RAY_SHAPE)
 pytestmark = [pytest.mark.usefixtures("ray_session", "no_leaks"), pytest.mark.timeout(240)]
 

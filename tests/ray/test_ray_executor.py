@@ -8,7 +8,7 @@ import plain_ddp
 import pytest
 import ray
 import torch
-from ray_harness import no_leaks, ray_module_fixture  # noqa: F401  (fixtures)
+from ray_harness import no_leaks, ray_module_fixture, warm_executor  # noqa: F401  (fixtures)
 
 import hvd_torch as hvd
 import ray_integration
@@ -39,32 +39,30 @@ def _topology_and_sums(scale, offset=0):
     }
 
 
-@pytest.mark.parametrize("num_workers", [2, 3])
-def test_run_gives_every_rank_and_the_right_sums(num_workers):
-    executor = RayExecutor(_settings(), num_workers=num_workers)
-    executor.start()
-    try:
-        result = executor.run(_topology_and_sums, args=(2.0,), kwargs={"offset": 1})
-        # Rank order; one node, so local ranks are the ranks and cross_size is 1.
-        n = num_workers
-        total = sum(r + 1 for r in range(n))
-        assert result == [
-            {
-                "rank": r,
-                "size": n,
-                "local": (r, n),
-                "cross": (0, 1),
-                "sum": [2.0 * total * i + n for i in range(4)],
-                "gathered": list(range(n)),
-            }
-            for r in range(n)
-        ]
-        # The seed's check, and a second run on the same workers (init is a no-op).
-        assert len({r["rank"] for r in executor.run(_topology_and_sums, args=(1.0,))}) == n
-        refs = executor.run_remote(_topology_and_sums, args=(1.0,))
-        assert [r["rank"] for r in ray.get(refs, timeout=60)] == list(range(n))
-    finally:
-        executor.shutdown()
+@pytest.mark.parametrize("warm_executor", [2, 3], indirect=True)
+def test_run_gives_every_rank_and_the_right_sums(warm_executor):
+    """On warm workers (ray_harness.warm_executor): what run() computes, not
+    how workers start (the tests below start their own)."""
+    executor = warm_executor
+    result = executor.run(_topology_and_sums, args=(2.0,), kwargs={"offset": 1})
+    # Rank order; one node, so local ranks are the ranks and cross_size is 1.
+    n = executor.num_workers
+    total = sum(r + 1 for r in range(n))
+    assert result == [
+        {
+            "rank": r,
+            "size": n,
+            "local": (r, n),
+            "cross": (0, 1),
+            "sum": [2.0 * total * i + n for i in range(4)],
+            "gathered": list(range(n)),
+        }
+        for r in range(n)
+    ]
+    # The seed's check, and a second run on the same workers (init is a no-op).
+    assert len({r["rank"] for r in executor.run(_topology_and_sums, args=(1.0,))}) == n
+    refs = executor.run_remote(_topology_and_sums, args=(1.0,))
+    assert [r["rank"] for r in ray.get(refs, timeout=60)] == list(range(n))
 
 
 def _environment():
@@ -92,21 +90,15 @@ def _report_steps(steps):
     return hvd.rank()
 
 
-def test_callbacks_get_rank_0_reports_in_order():
-    executor = RayExecutor(_settings(), num_workers=2)
-    executor.start()
+@pytest.mark.parametrize("warm_executor", [2], indirect=True)
+def test_callbacks_get_rank_0_reports_in_order(warm_executor):
+    executor = warm_executor
     seen, also = [], []
-    try:
-        assert executor.run(_report_steps, args=(4,), callbacks=[seen.append, also.append]) == [
-            0,
-            1,
-        ]
-        # Reports nobody collected are dropped at the next call, not delivered late.
-        executor.run(_report_steps, args=(2,))
-        later = []
-        executor.run(_report_steps, args=(1,), callbacks=[later.append])
-    finally:
-        executor.shutdown()
+    assert executor.run(_report_steps, args=(4,), callbacks=[seen.append, also.append]) == [0, 1]
+    # Reports nobody collected are dropped at the next call, not delivered late.
+    executor.run(_report_steps, args=(2,))
+    later = []
+    executor.run(_report_steps, args=(1,), callbacks=[later.append])
     assert seen == [{"rank": 0, "step": s, "total": 2.0 * s} for s in range(4)]
     assert also == seen
     assert later == [{"rank": 0, "step": 0, "total": 0.0}]

@@ -14,7 +14,8 @@ import hvd_torch as hvd
 import ray_integration
 from ray_integration import PlacementTimeoutError, RayExecutor, WorkerFailure
 
-RAY_SHAPE = dict(num_cpus=4)
+# The shape of test_ray_executor (its GPU tests): one Ray serves both.
+RAY_SHAPE = dict(num_cpus=4, num_gpus=4)
 ray_session = ray_module_fixture(**RAY_SHAPE)
 pytestmark = [pytest.mark.usefixtures("ray_session", "no_leaks"), pytest.mark.timeout(120)]
 
@@ -121,7 +122,7 @@ def test_placement_timeout_says_what_was_asked_and_what_there_is():
     text = str(info.value)
     assert "9 bundle(s) of {CPU: 1} (PACK) for 9 worker(s)" in text
     assert "placement_group_timeout_s=1s" in text
-    assert "CPU 4 free of 4 on 1 node(s)" in text
+    assert "CPU 4 free of 4, GPU 4 free of 4 on 1 node(s)" in text
 
     spread = RayExecutor(
         _settings(placement_group_timeout_s=1), num_hosts=2, num_workers_per_host=1

@@ -11,13 +11,14 @@ import os
 
 import pytest
 import torch
-from ray_harness import no_leaks, ray_module_fixture  # noqa: F401  (fixtures)
+from ray_harness import no_leaks, ray_module_fixture, warm_executor  # noqa: F401  (fixtures)
 
 import hvd_torch as hvd
 import ray_integration
 from ray_integration import DistributedTrainableCreator, ElasticRayExecutor, RayExecutor
 
-RAY_SHAPE = dict(num_cpus=4)
+# The shape of test_ray_executor (its GPU tests): one Ray serves both.
+RAY_SHAPE = dict(num_cpus=4, num_gpus=4)
 ray_session = ray_module_fixture(**RAY_SHAPE)
 pytestmark = [pytest.mark.usefixtures("ray_session", "no_leaks"), pytest.mark.timeout(240)]
 
@@ -33,15 +34,13 @@ class _Executable:
         self.value = value
 
 
-@pytest.mark.parametrize("nworkers", [2, 3])
-def test_execute_without_executable_cls_passes_none(nworkers):
-    executor = RayExecutor(RayExecutor.create_settings(verbose=0), num_workers=nworkers)
-    executor.start()
-    try:
-        results = executor.execute(_describe)
-        single = executor.execute_single(lambda exe: exe)
-    finally:
-        executor.shutdown()
+@pytest.mark.parametrize("warm_executor", [2, 3], indirect=True)
+def test_execute_without_executable_cls_passes_none(warm_executor):
+    # Warm workers (ray_harness.warm_executor) were started without an executable.
+    executor = warm_executor
+    results = executor.execute(_describe)
+    single = executor.execute_single(lambda exe: exe)
+    nworkers = executor.num_workers
     total = float(sum(range(1, nworkers + 1)))
     assert results == [(None, r, total) for r in range(nworkers)]
     assert single is None

@@ -17,7 +17,8 @@ from trainer_operators import MLPOperator, TwoModelOperator, make_data, make_mod
 import hvd_torch as hvd
 from ray_integration import RayExecutor, TorchTrainer, WorkerFailure
 
-RAY_SHAPE = dict(num_cpus=2)
+# Two workers; the third CPU is test_ray_elastic's (one Ray serves both).
+RAY_SHAPE = dict(num_cpus=3)
 ray_session = ray_module_fixture(**RAY_SHAPE)
 pytestmark = [pytest.mark.usefixtures("ray_session", "no_leaks"), pytest.mark.timeout(180)]
 

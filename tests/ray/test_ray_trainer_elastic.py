@@ -15,8 +15,9 @@ from trainer_operators import MLPOperator
 
 from ray_integration import TorchTrainer
 
-# Two slots: the elastic job has exactly two workers, before and after the kill.
-RAY_SHAPE = dict(num_cpus=2)
+# Three slots, test_ray_elastic's shape (one Ray serves both): max_workers=2
+# keeps the elastic job at exactly two workers, before and after the kill.
+RAY_SHAPE = dict(num_cpus=3)
 ray_session = ray_module_fixture(**RAY_SHAPE)
 pytestmark = [pytest.mark.usefixtures("ray_session", "no_leaks"), pytest.mark.timeout(240)]
 

@@ -17,8 +17,9 @@ from trainer_operators import MLPOperator
 
 from ray_integration import TorchTrainer
 
-# Two trials of two workers at once.
-RAY_SHAPE = dict(num_cpus=4)
+# Two trials of two workers at once (the GPUs, unused here, are for
+# test_ray_executor's GPU tests: one Ray serves both).
+RAY_SHAPE = dict(num_cpus=4, num_gpus=4)
 ray_session = ray_module_fixture(**RAY_SHAPE)
 pytestmark = [pytest.mark.usefixtures("ray_session", "no_leaks"), pytest.mark.timeout(300)]
 

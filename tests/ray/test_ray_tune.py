@@ -11,7 +11,8 @@ import hvd_torch as hvd
 import ray_integration
 from ray_integration import DistributedTrainableCreator
 
-RAY_SHAPE = dict(num_cpus=4)
+# The shape of test_ray_executor (its GPU tests): one Ray serves both.
+RAY_SHAPE = dict(num_cpus=4, num_gpus=4)
 ray_session = ray_module_fixture(**RAY_SHAPE)
 pytestmark = [pytest.mark.usefixtures("ray_session", "no_leaks"), pytest.mark.timeout(240)]
 
