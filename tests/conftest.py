@@ -92,17 +92,27 @@ def pytest_collection_modifyitems(config, items):
     # serves them all (harness/ray_harness.py starts a new one only when the
     # shape changes).  Within a shape, the tests on warm workers come first,
     # by their number of workers, so that one warm executor serves each run of
-    # them (ray_harness.warm_executor).  sorted() is stable: otherwise file
-    # order stays.
-    def shape_key(item):
+    # them (ray_harness.warm_executor).
+    #
+    # The xdist groups come first, the largest kinds first (Ray, then the
+    # namespace hosts, then the C++ units): --dist loadgroup hands out work in
+    # collection order, and a group of minutes handed out last ran on one
+    # worker while the other had nothing left. Ungrouped tests fill in around
+    # them.  sorted() is stable: otherwise file order stays.
+    def order_key(item):
         shape = getattr(item.module, "RAY_SHAPE", None) if item.get_closest_marker("ray") else None
-        if shape is None:
-            return (0, "", 0)
-        callspec = getattr(item, "callspec", None)
-        warm = callspec.params.get("warm_executor") if callspec else None
-        return (1, repr(sorted(shape.items())), float("inf") if warm is None else warm)
+        if shape is not None:
+            callspec = getattr(item, "callspec", None)
+            warm = callspec.params.get("warm_executor") if callspec else None
+            return (0, repr(sorted(shape.items())), float("inf") if warm is None else warm)
+        group = item.get_closest_marker("xdist_group")
+        name = group.args[0] if group and group.args else group.kwargs.get("name") if group else None
+        if name is None:
+            return (4, "", 0)
+        kind = 1 if name.startswith("ray-") else 2 if name == "multihost" else 3
+        return (kind, name, 0)
 
-    items[:] = sorted(items, key=shape_key)
+    items[:] = sorted(items, key=order_key)
 
 
 def _xdist_group(item, tier):
