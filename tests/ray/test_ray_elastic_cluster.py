@@ -50,9 +50,10 @@ def test_node_joins_then_leaves(cluster, tmp_path, monkeypatch):
 
     settings = RayExecutor.create_settings(timeout_s=30, verbose=1)
     executor = RayExecutor(settings, min_workers=2, max_workers=4, elastic_timeout=30)
-    executor.start(
-        extra_env_vars={**_ENV, "ELASTIC_JOB_STEP_SLEEP": "0.1", "ELASTIC_JOB_EPOCHS": str(EPOCHS)}
-    )
+    fast = tmp_path / "fast"  # once it exists, the steps stop sleeping
+    executor.start(extra_env_vars={**_ENV, "ELASTIC_JOB_STEP_SLEEP": "0.1",
+                                   "ELASTIC_JOB_EPOCHS": str(EPOCHS),
+                                   "ELASTIC_JOB_FAST_FILE": str(fast)})
     try:
         job = _Background(executor, _train_job, args=[str(tmp_path)])
         _wait_for(_steps_with(tmp_path, 2, 3), "steps with 2 workers")
@@ -61,6 +62,10 @@ def test_node_joins_then_leaves(cluster, tmp_path, monkeypatch):
         _wait_for(_steps_with(tmp_path, 4, 3), "steps with 4 workers", timeout=90)
         removed_at = time.time()
         cluster.remove_node(node)
+        # Both survivors restarted with 2: the rest of training need not wait.
+        _wait_for(lambda: len(_events(tmp_path, "start", after=removed_at)) >= 2,
+                  "restarts with 2 workers", timeout=90)
+        fast.touch()
         results = job.join(timeout=120)
     finally:
         executor.shutdown()
