@@ -43,7 +43,8 @@ import time
 
 import rank_pool
 
-__all__ = ["RankFailure", "attempt", "launch_once", "rank_env", "run_ranks"]
+__all__ = ["RankFailure", "attempt", "launch_once", "leaked_shm_segments", "rank_env",
+           "run_ranks", "shm_segments"]
 
 # After one rank fails (and expect_fail is off) the others get this long to
 # finish before being killed: they are usually stuck waiting for the dead rank.
@@ -80,6 +81,25 @@ def attempt(fn):
         return None, "", time.monotonic() - start
     except Exception as e:  # noqa: BLE001  (the test inspects it)
         return type(e).__name__, str(e), time.monotonic() - start
+
+
+def shm_segments() -> set[str]:
+    """hvd-torch's names in /dev/shm now."""
+    return {f for f in os.listdir("/dev/shm") if f.startswith("hvd_torch.")}
+
+
+def leaked_shm_segments(before: set[str], settle: float = 10.0) -> list[str]:
+    """The names new since `before` that are still there after up to `settle` seconds.
+
+    A name lives only while a set is being set up (csrc/core/shm_segment.h), so one
+    that stays is a leak; one that goes was another test's set-up running beside
+    this one under xdist, which a plain before/after comparison took for a leak."""
+    new = shm_segments() - before
+    deadline = time.monotonic() + settle
+    while new and time.monotonic() < deadline:
+        time.sleep(0.02)
+        new &= shm_segments()
+    return sorted(new)
 
 
 def rank_env(rank: int, size: int, store, base=None) -> dict[str, str]:

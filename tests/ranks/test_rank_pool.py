@@ -8,7 +8,7 @@ import time
 
 import pytest
 import rank_pool
-from dist_harness import RankFailure, run_ranks
+from dist_harness import RankFailure, leaked_shm_segments, run_ranks, shm_segments
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,7 +56,7 @@ def _cycles(n):
     import hvd_torch as hvd
 
     before = _process_footprint()
-    segments_before = set(os.listdir("/dev/shm"))
+    segments_before = shm_segments()
     for i in range(n):
         hvd.init()
         out = hvd.allreduce(torch.full((1000,), float(hvd.rank())), op=hvd.Sum, name=f"c{i}")
@@ -66,8 +66,7 @@ def _cycles(n):
         hvd.synchronize(handle)
         hvd.shutdown()
     after = _process_footprint()
-    leaked = set(os.listdir("/dev/shm")) - segments_before
-    return before, after, sorted(leaked)
+    return before, after, leaked_shm_segments(segments_before)
 
 
 @pytest.mark.parametrize("nranks", [2, 3])

@@ -11,15 +11,11 @@ import signal
 
 import pytest
 
-from dist_harness import attempt, run_ranks
+from dist_harness import attempt, leaked_shm_segments, run_ranks, shm_segments
 
 # Small slots: a few KiB tensors take several rounds, with uneven last pieces.
 SMALL_SLOTS = {"HVD_TORCH_SHM_SLOT_BYTES": "1024", "HVD_TORCH_INLINE_THRESHOLD": "0"}
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "int8"]
-
-
-def _shm_files():
-    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("hvd_torch."))
 
 
 def _rank_input(torch, dtype, rank, n):
@@ -255,7 +251,7 @@ def _die_in_collective(victim):
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_killed_rank_mid_collective_fails_every_rank_and_leaves_no_segment(nranks):
-    before = _shm_files()
+    before = shm_segments()
     victim = nranks - 1
     outcomes = run_ranks(_die_in_collective, nranks, args=(victim,), expect_fail=True,
                          timeout=120)
@@ -265,7 +261,7 @@ def test_killed_rank_mid_collective_fails_every_rank_and_leaves_no_segment(nrank
         assert kind == "HorovodInternalError", (rank, kind, message)
         assert str(victim) in message, message
         assert elapsed < 0.3 + 10, (rank, elapsed, message)
-    assert _shm_files() == before
+    assert leaked_shm_segments(before) == []
 
 
 def _die_in_set_collective():

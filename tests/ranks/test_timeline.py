@@ -138,6 +138,15 @@ def _start_stop(workdir):
             mid = [e.get("args", {}).get("name") for e in json.load(f)]
     hvd.allreduce(torch.ones(2), name="during.2")
     hvd.stop_timeline()
+    # Rank 0's timeline also records a peer's request as it arrives, so rank 1 may
+    # send "after" only once rank 0 has stopped, or the row is rightly there.
+    stopped = os.path.join(workdir, "stopped")
+    if r == 0:
+        open(stopped, "w").close()
+    deadline = time.monotonic() + 30
+    while not os.path.exists(stopped):
+        assert time.monotonic() < deadline, "rank 0 never stopped its timeline"
+        time.sleep(0.005)
     hvd.allreduce(torch.ones(2), name="after")
     hvd.shutdown()
     return mid
