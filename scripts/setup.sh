@@ -3,7 +3,8 @@
 #   1. Debian's Gloo (libgloo-dev), which setup.py links against, and iproute2 and
 #      openssh for the multi-host tests;
 #   2. a virtual environment in .venv with torch and the dev/test tools;
-#   3. an editable build of hvd_torch._C into that venv.
+#   3. an editable build of hvd_torch._C into that venv;
+#   4. NCCL's headers where nvcc is (the CUDA compile check), 5. the C++ unit tests.
 # A second run takes a couple of seconds: each step checks before it acts, and
 # the C++ build is skipped make-style unless a source is newer than the .so.
 #
@@ -173,5 +174,14 @@ with zipfile.ZipFile(wheel) as z:
     z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("nvidia/nccl/include/")])
 PYEOF
     rm -rf "$tmp"
+fi
+# 5. The C++ unit tests and the scale bench's smoke binary (tests/cpp) ---------------
+# Built here with the extension, both cores at once; the tests' own make then
+# finds them up to date (make's dependency files keep them current after an edit).
+if command -v make >/dev/null; then
+    start=$(date +%s)
+    make --no-print-directory -s -j"${MAX_JOBS:-2}" -C tests/cpp build build/control_plane_scale \
+        || { say "tests/cpp: the C++ unit tests do not build"; exit 1; }
+    say "tests/cpp: built ($(( $(date +%s) - start ))s)"
 fi
 say "ready: $VENV (hvdrun: $VENV/bin/hvdrun)"

@@ -16,8 +16,11 @@ A unit test starts no process: the suite fails a unit-tier test that does.
 from __future__ import annotations
 
 import inspect
+import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,6 +168,26 @@ def _audit_unit(item):
 
 pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_audit_unit)
 pytest_runtest_call = pytest.hookimpl(wrapper=True)(_audit_unit)
+
+
+# ---------------------------------------------------------------- schedule log
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With HVD_TEST_SCHEDULE=FILE, each test's worker, start and end (setup to
+    teardown) go to FILE as JSON lines: scripts/test_schedule.py shows how the
+    xdist workers were kept busy and where one waited on the other."""
+    path = os.environ.get("HVD_TEST_SCHEDULE")
+    start = time.time()
+    try:
+        return (yield)
+    finally:
+        if path:
+            record = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                      "test": item.nodeid, "start": start, "end": time.time()}
+            with open(path, "a") as f:
+                f.write(json.dumps(record) + "\n")
 
 
 # ---------------------------------------------------------------- rank pools

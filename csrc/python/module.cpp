@@ -144,16 +144,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("gloo_built", [] { return true; });
   m.def("shm_built", [] { return true; });
   // What this build compiled, decided once by setup.py (cuda_enabled, nccl_paths).
-#ifdef HVD_TORCH_WITH_NCCL
-  m.def("nccl_built", [] { return true; });
-#else
-  m.def("nccl_built", [] { return false; });
-#endif
-#ifdef HVD_TORCH_WITH_CUDA
-  m.def("cuda_built", [] { return true; });
-#else
-  m.def("cuda_built", [] { return false; });
-#endif
+  m.def("nccl_built", &hvd::torch_layer::ncclBuilt);
+  m.def("cuda_built", &hvd::torch_layer::cudaBuilt);
   // Set by hvd.init(): this rank's GPU and whether NCCL moves CUDA tensors.
   m.def("configure_gpu", &hvd::torch_layer::configureGpu, pybind11::arg("device"),
         pybind11::arg("use_nccl"));

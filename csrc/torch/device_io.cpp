@@ -37,6 +37,22 @@ int configuredGpu() { return gpu_device; }
 
 bool ncclPlaneEnabled() { return gpu_nccl; }
 
+bool cudaBuilt() {
+#ifdef HVD_TORCH_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool ncclBuilt() {
+#ifdef HVD_TORCH_WITH_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
 #ifndef HVD_TORCH_WITH_CUDA
 
 void checkDevice(const at::Tensor& tensor, const char* op, const std::string& name) {

@@ -27,6 +27,12 @@
 namespace hvd {
 namespace torch_layer {
 
+// Whether this build has CUDA, and NCCL (setup.py's defines). Answered here, not
+// where they are bound, so the CUDA compile check (scripts/cuda_compile_check.py,
+// every file naming a guard) need not compile the whole Python module for them.
+bool cudaBuilt();
+bool ncclBuilt();
+
 // This rank's GPU (expected device of every CUDA tensor) and whether NCCL
 // moves CUDA tensors (else host staging). device < 0: CUDA not set up.
 void configureGpu(int device, bool use_nccl);

@@ -1,0 +1,38 @@
+"""How the xdist workers of one test run spent their time.
+
+    HVD_TEST_SCHEDULE=/tmp/sched.jsonl make test      # or any pytest -n run
+    python scripts/test_schedule.py /tmp/sched.jsonl
+
+Prints, per worker, its busy time, its number of tests and when it finished
+(seconds from the run's first test), then the slowest tests with their worker.
+A worker that finishes long before the other is time the schedule lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log", help="the JSON lines written under HVD_TEST_SCHEDULE")
+    parser.add_argument("--top", type=int, default=40, help="slowest tests to list")
+    args = parser.parse_args()
+    records = [json.loads(line) for line in open(args.log) if line.strip()]
+    t0 = min(r["start"] for r in records)
+    by_worker = collections.defaultdict(list)
+    for r in records:
+        by_worker[r["worker"]].append(r)
+    print(f"{'worker':8} {'tests':>6} {'busy s':>8} {'finished at s':>14}")
+    for worker, rows in sorted(by_worker.items()):
+        busy = sum(r["end"] - r["start"] for r in rows)
+        print(f"{worker:8} {len(rows):6d} {busy:8.1f} {max(r['end'] for r in rows) - t0:14.1f}")
+    print(f"\n{'s':>7} {'at s':>7} worker   test")
+    for r in sorted(records, key=lambda r: r["start"] - r["end"])[:args.top]:
+        print(f"{r['end'] - r['start']:7.1f} {r['start'] - t0:7.1f} {r['worker']:8} {r['test']}")
+
+
+if __name__ == "__main__":
+    main()
