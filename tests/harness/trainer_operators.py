@@ -1,6 +1,6 @@
-"""TrainingOperators for the trainer's tests, and their data: a tiny
-3-class problem (64 training and 32 validation samples of 8 features) and a
-two-layer MLP, small enough that an epoch takes milliseconds.
+"""TrainingOperators for the trainer's tests, on the data and model of
+mlp_reference.py (a tiny 3-class problem and a two-layer MLP, small enough that
+an epoch takes milliseconds).
 
 On the workers' PYTHONPATH (tests/, see ray_harness), so the operators
 travel by name. Knobs in the config make an operator slow, report its
@@ -16,22 +16,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from mlp_reference import CLASSES, FEATURES, make_data, make_model  # noqa: F401  (re-exported)
+
 from ray_integration import TrainingOperator
-
-FEATURES, CLASSES = 8, 3
-
-
-def make_data(n: int = 64, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, FEATURES, generator=g)
-    w = torch.randn(FEATURES, CLASSES, generator=torch.Generator().manual_seed(100))
-    return x, (x @ w).argmax(1)
-
-
-def make_model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), nn.Linear(16, CLASSES))
-
 
 class MLPOperator(TrainingOperator):
     """One model, SGD with momentum, a per-epoch StepLR, both loaders; the

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import re
 
+import mlp_reference
 import pytest
 import torch
-import torch.nn.functional as F
 from ray_harness import no_leaks, ray_address, ray_module_fixture, run_example  # noqa: F401
-from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
-from trainer_operators import MLPOperator, TwoModelOperator, make_data, make_model
+from trainer_operators import MLPOperator, TwoModelOperator
 
-import hvd_torch as hvd
-from ray_integration import RayExecutor, TorchTrainer, WorkerFailure
+from ray_integration import TorchTrainer, WorkerFailure
 
 # Two workers; the third CPU is test_ray_elastic's (one Ray serves both).
 RAY_SHAPE = dict(num_cpus=3)
@@ -32,49 +29,10 @@ def _trainer(**kw):
                         scheduler_step_freq="epoch", **kw)  # fmt: skip
 
 
-def _hand_loop(config, epochs):
-    """The same training written by hand with hvd-torch, as Horovod's examples
-    do: per-rank seeds fixed by broadcasts, DistributedSampler re-seeded per
-    epoch, DistributedOptimizer, StepLR per epoch; each epoch's loss is the
-    rank's sample-weighted mean, averaged over ranks."""
-    hvd.init()
-    model = make_model(config["seed"] + hvd.rank())
-    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=config["momentum"])
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    # On the wrapped optimizer, whose param groups the broadcast below replaces.
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=config["gamma"])
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    dataset = TensorDataset(*make_data())
-    sampler = DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), seed=0)
-    loader = DataLoader(dataset, batch_size=8, sampler=sampler)
-    losses = []
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        total = samples = 0
-        for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(y)
-            samples += len(y)
-        scheduler.step()
-        losses.append(hvd.metric_average(total / samples, name=f"loss.{epoch}"))
-    return {k: v.clone() for k, v in model.state_dict().items()}, losses
-
-
 @pytest.fixture(scope="module")
-def hand_reference(ray_session):
-    """(weights, per-epoch losses) of _hand_loop on 2 workers, once per module."""
-    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60, verbose=0), num_workers=2)
-    executor.start()
-    try:
-        results = executor.run(_hand_loop, args=(CONFIG, EPOCHS))
-    finally:
-        executor.shutdown()
-    assert all(_max_diff(r[0], results[0][0]) == 0 for r in results)
-    return results[0]
+def hand_reference():
+    """(weights, per-epoch losses) of the hand-written loop on 2 ranks, once per module."""
+    return mlp_reference.hand_reference(CONFIG, EPOCHS)
 
 
 def _max_diff(a: dict, b: dict) -> float:

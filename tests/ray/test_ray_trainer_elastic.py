@@ -1,6 +1,7 @@
 """An elastic TorchTrainer (min_workers/max_workers) on a real local Ray: a
 worker actor ray.kill()ed mid-epoch, and training resumes from that epoch's
-start with a replacement; the weights equal an undisturbed run's.
+start with a replacement; the weights equal an undisturbed run's (the
+hand-written loop of mlp_reference.py).
 Operators: tests/harness/trainer_operators.py."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import mlp_reference
 import pytest
 import ray
 from ray_harness import no_leaks, ray_module_fixture  # noqa: F401  (fixtures)
@@ -74,19 +76,15 @@ def test_killed_worker_mid_epoch_resumes_from_the_epochs_start(tmp_path):
     # ...and counted once: 64 samples, epoch 2, in the driver's state too.
     assert (second["epoch"], second["num_samples"]) == (2, 64) and state["epoch"] == 2
 
-    reference = TorchTrainer(training_operator_cls=MLPOperator, num_workers=2,
-                             scheduler_step_freq="epoch", config=CONFIG)  # fmt: skip
-    try:
-        expected = [reference.train(), reference.train()]
-        weights = reference.state_dict()["models"][0]
-    finally:
-        reference.shutdown()
+    # The undisturbed run: the hand-written loop on two ranks, which
+    # test_ray_trainer.py shows a 2-worker TorchTrainer equals bit for bit.
+    weights, losses = mlp_reference.hand_reference(CONFIG, 2)
     # The same two epochs on two workers: equal to the bit (the replacement
     # may take either rank, and a 2-rank average is (a + b) / 2 either way).
     got = state["models"][0]
     assert all(got[k].equal(weights[k]) for k in weights)
-    assert first["train_loss"] == pytest.approx(expected[0]["train_loss"], rel=1e-12)
-    assert second["train_loss"] == pytest.approx(expected[1]["train_loss"], rel=1e-12)
+    assert first["train_loss"] == pytest.approx(losses[0], rel=1e-12)
+    assert second["train_loss"] == pytest.approx(losses[1], rel=1e-12)
     print(
         f"\nray.kill -> epoch 2's first batch again: {restarted[0][1] - killed_at:.2f}s, "
         f"-> train() returned: {returned_at - killed_at:.2f}s (resets {trainer.resets})"
