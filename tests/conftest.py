@@ -33,6 +33,12 @@ for _folder in ["harness", "unit", "ranks", "launcher", "multihost", "ray", "gpu
     if str(TESTS / _folder) not in sys.path:
         sys.path.insert(0, str(TESTS / _folder))
 
+# One intra-op thread per test process, as torchrun gives each rank: the suite
+# runs two xdist workers, each starting ranks, on two cores, and a second
+# OpenMP thread per process only adds spinning and switches (about 8 % less CPU
+# over the example tests). Tests that need more threads set them themselves.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 TIERS = {
     "unit": "starts no process; seconds in all",
     "ranks": "multi-rank jobs through the harness (warm rank pools)",
