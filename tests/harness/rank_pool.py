@@ -151,12 +151,14 @@ class RankPool:
                 after_failure = True
                 deadline = min(deadline, time.monotonic() + _failure_grace())
             if time.monotonic() >= deadline:
+                _log_close(self.nranks, codes, [])
                 self.close()
                 codes = [p.returncode if r in running else codes[r]
                          for r, p in enumerate(self.procs)]
                 return codes, running, not after_failure
             time.sleep(0.005)
         if not self.alive() or not all(_clean(r) for r in ready):
+            _log_close(self.nranks, codes, ready)
             self.close()
         return codes, [], False
 
@@ -195,6 +197,26 @@ def _failure_grace() -> float:
 def _clean(ready: str) -> bool:
     with open(ready) as f:
         return f.read().split()[1] == "clean"
+
+
+def _log_close(nranks: int, codes, ready) -> None:
+    """With HVD_TEST_SCHEDULE set (tests/conftest.py), why a pool was closed:
+    each rank's exit code and what made a worker unfit. A pool closed for a
+    reason a test did not intend costs nranks fresh processes."""
+    import json
+
+    path = os.environ.get("HVD_TEST_SCHEDULE")
+    if not path:
+        return
+    unfit = []
+    for r in ready:
+        if os.path.exists(r):
+            with open(r) as f:
+                unfit += f.read().split("\t")[1:]
+    record = {"pool_closed": nranks, "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+              "codes": codes, "unfit": [u.strip() for u in unfit]}
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 # ---------------------------------------------------------------- worker side
@@ -312,7 +334,9 @@ def _worker_main(rank: int) -> int:
         _redirect_output(os.devnull)
         tmp = result_path + ".ready.tmp"
         with open(tmp, "w") as f:
-            f.write(f"{code} {'unclean' if problems else 'clean'}\n")
+            # The status, then each problem after a tab (_log_close reads them).
+            f.write(f"{code} {'unclean' if problems else 'clean'}"
+                    + "".join(f"\t{p}" for p in problems) + "\n")
         os.replace(tmp, result_path + ".ready")
     return 0
 
