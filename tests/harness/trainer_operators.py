@@ -20,6 +20,7 @@ from mlp_reference import CLASSES, FEATURES, make_data, make_model  # noqa: F401
 
 from ray_integration import TrainingOperator
 
+
 class MLPOperator(TrainingOperator):
     """One model, SGD with momentum, a per-epoch StepLR, both loaders; the
     default loops. Each rank seeds its model differently on purpose: only
