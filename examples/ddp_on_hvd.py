@@ -18,6 +18,7 @@ any rank differs.
 
 import argparse
 import hashlib
+import os
 import sys
 
 import torch
@@ -42,8 +43,7 @@ def parse_args():
     return p.parse_args()
 
 
-def main():
-    args = parse_args()
+def main(args):
     dist.init_process_group(args.backend)
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
@@ -88,5 +88,22 @@ def main():
     return 0
 
 
+def exit_now(code):
+    """Ends the process without the interpreter's exit.
+
+    torch's gloo backend keeps its worker threads after destroy_process_group()
+    when DDP still holds the group, and a worker that frees a finished op's tensor
+    while the interpreter exits aborts the process ("terminate called without an
+    active exception", torch 2.13). The "hvd" backend joins its threads at exit.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    ARGS = parse_args()
+    CODE = main(ARGS)
+    if ARGS.backend == "gloo":
+        exit_now(CODE)
+    sys.exit(CODE)
