@@ -208,7 +208,14 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter):
+    import gpu_device
     import rank_pool
+
+    ran_gpu_files = any(getattr(report, "nodeid", "").startswith("tests/gpu/")
+                        for reports in terminalreporter.stats.values() for report in reports)
+    if ran_gpu_files and gpu_device.DEVICE == "cpu":
+        terminalreporter.write_line("tests/gpu: no GPU here, so the GPU test files ran their "
+                                    "rank code on the CPU path (tests/harness/gpu_device.py)")
 
     if rank_pool.stats["jobs"]:
         terminalreporter.write_line(

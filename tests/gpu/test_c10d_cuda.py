@@ -4,8 +4,8 @@ group whose CPU tensors go to hvd and whose CUDA tensors go to a CUDA backend
 on 2 ranks sharing the GPU), DDP of a CUDA model, and hvd.allreduce of CUDA
 tensors through our own planes, all in one script; and "hvd" alone for both
 devices, its CUDA tensors on the engine's NCCL plane (1 rank) or host-staged (2 and
-3 ranks): every collective, stream order, futures, DDP with a comm hook. Skipped
-without a GPU (tests/gpu/test_gpu_tests_on_cpu.py runs the rank code on the CPU).
+3 ranks): every collective, stream order, futures, DDP with a comm hook. Without a GPU
+the rank code runs on the CPU path (tests/harness/gpu_device.py).
 """
 
 import datetime

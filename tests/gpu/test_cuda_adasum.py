@@ -1,9 +1,9 @@
 """op=hvd.Adasum with CUDA tensors: allreduce, grouped, and DistributedOptimizer.
 
-Skipped without a GPU. On one GPU, 1 rank has nothing to combine and 2 or 3
-ranks share the GPU through the host-staged plane; Adasum's alltoall,
-allreduce and allgather run on the device tensors either way.
-`HVD_TORCH_GPU_TESTS_ON=cpu` runs the same rank code on the CPU path. Values
+On one GPU, 1 rank has nothing to combine and 2 or 3 ranks share the GPU
+through the host-staged plane; Adasum's alltoall, allreduce and allgather run on
+the device tensors either way. Without a GPU the same rank code runs on the CPU
+path (tests/harness/gpu_device.py). Values
 are checked against test_adasum's reference tree, worked out on the CPU.
 """
 

@@ -1,10 +1,9 @@
 """Process sets, join and autograd with CUDA tensors (issue #10, item 2).
 
-Skipped without a GPU. One GPU means 1 rank runs through NCCL and 2 or 3 ranks
-share the GPU through the host-staged plane; process sets need 2 ranks or more
-(a set of every rank is the global set). `HVD_TORCH_GPU_TESTS_ON=cpu` runs the
-same rank code on the CPU path, which checks the tests themselves on a machine
-without a GPU. Every value is checked against numbers worked out here, not
+One GPU means 1 rank runs through NCCL and 2 or 3 ranks share the GPU through
+the host-staged plane; process sets need 2 ranks or more (a set of every rank is
+the global set). Without a GPU the same rank code runs on the CPU path
+(tests/harness/gpu_device.py), which checks the tests themselves. Every value is checked against numbers worked out here, not
 against another run.
 """
 

@@ -1,11 +1,10 @@
 """Training on the GPU (issue #10, item 4): state broadcast, compression, gradient
 overlap, SyncBatchNorm and elastic TorchState with CUDA models.
 
-Skipped without a GPU. One GPU means 1 rank runs through NCCL and 2 ranks share
-the GPU through the host-staged Gloo plane. Every rank function takes the device
-it trains on, so `HVD_TORCH_GPU_TESTS_ON=cpu pytest tests/gpu/test_cuda_training.py`
-runs the same tests on the CPU path: that checks the tests themselves on a
-machine without a GPU (the CPU path is proven by the other test files).
+One GPU means 1 rank runs through NCCL and 2 ranks share the GPU through the
+host-staged Gloo plane. Every rank function takes the device it trains on; without
+a GPU it is the CPU (tests/harness/gpu_device.py), which checks the tests themselves
+on every run (the CPU path is proven by the other test files).
 """
 
 import pytest

@@ -81,18 +81,22 @@ def test_pbt_exploits_a_checkpoint(tmp_path, monkeypatch):
     continue from the good one's checkpoint, under a mutated config whose
     learning rate the restored optimizer then uses. reuse_actors: exploits
     and pauses reuse the trial's running workers (reset_config)."""
+    # synch: perturb only once both trials reached the step. Without it, a trial
+    # whose workers started late (a loaded machine) found the good trial already
+    # finished, with no checkpoint PBT had kept, and nothing was exploited.
     pbt = PopulationBasedTraining(
         time_attr="training_iteration", perturbation_interval=1, quantile_fraction=0.5,
-        hyperparam_mutations={"lr": [BAD_LR, 0.1, GOOD_LR]},
+        hyperparam_mutations={"lr": [BAD_LR, 0.1, GOOD_LR]}, synch=True,
     )  # fmt: skip
     monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "0")  # Tune would ignore the CLIReporter
     analysis = tune.run(
         _trainable(),
         config={"lr": tune.grid_search([GOOD_LR, BAD_LR])},
         metric="val_accuracy", mode="max", scheduler=pbt, reuse_actors=True,
+        # Two steps: the exploit after the first, a step from the good weights.
         # A checkpoint every step: a trial may reach its exploit before PBT
         # had the better trial save one.
-        stop={"training_iteration": 4},
+        stop={"training_iteration": 2},
         checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
         progress_reporter=CLIReporter(metric_columns=["val_accuracy", "lr", "origin_lr"]),
         storage_path=str(tmp_path), verbose=1,
