@@ -45,7 +45,7 @@ TIERS = {
     "launcher": "hvdrun, the doctor, examples and other subprocesses",
     "multihost": "hosts in network namespaces with an sshd each",
     "ray": "a real local Ray (one per cluster shape) or Ray clusters",
-    "gpu": "needs a CUDA GPU (skips without one) or builds the CUDA sources",
+    "gpu": "GPU test files (on the CPU path without a GPU) and the CUDA sources' build",
     "slow": "soaks, installs and benchmark CLIs: minutes each",
 }
 OTHER_MARKERS = {
