@@ -94,7 +94,8 @@ def exit_now(code):
     torch's gloo backend keeps its worker threads after destroy_process_group()
     when DDP still holds the group, and a worker that frees a finished op's tensor
     while the interpreter exits aborts the process ("terminate called without an
-    active exception", torch 2.13). The "hvd" backend joins its threads at exit.
+    active exception", torch 2.13, pytorch issue 190489; tests/harness/plain_ddp.py
+    leaves the same way). The "hvd" backend joins its threads at exit.
     """
     sys.stdout.flush()
     sys.stderr.flush()

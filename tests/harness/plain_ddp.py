@@ -58,11 +58,6 @@ if __name__ == "__main__":
     print("plain_ddp " + json.dumps(train()), flush=True)
     if "hvd_torch" in sys.modules:
         sys.modules["hvd_torch"].shutdown()
-    # Skip the interpreter's exit: torch's gloo keeps its worker threads while DDP
-    # holds the group, and one that frees a finished op's tensor during the exit
-    # aborts the process (see examples/ddp_on_hvd.py, exit_now).
-    sys.stdout.flush()
-    os._exit(0)
     # DDP keeps the Gloo group, and its worker threads, alive past
     # destroy_process_group() (the threads outlive `del model` and gc.collect()), and
     # a Gloo worker that takes the GIL while the interpreter finalizes aborts the
