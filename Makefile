@@ -28,9 +28,12 @@ demo: setup
 # Every test: the parallel part, then the tests marked serial (they measure
 # the machine: bytes on loopback, a whole-machine job) alone.  tests/conftest.py
 # has the tiers; the 25 slowest tests of each part are printed at the end.
+# The parallel part's collection names the files that hold serial tests, so
+# the serial part imports those, not every module (seconds, on its own).
+SERIAL_FILES := .pytest_cache/serial_files
 test: setup
-	$(PYTEST) $(XDIST) -m "not serial" tests
-	$(PYTEST) -m serial tests
+	HVD_SERIAL_FILES=$(SERIAL_FILES) $(PYTEST) $(XDIST) -m "not serial" tests
+	files=$$(cat $(SERIAL_FILES)); [ -z "$$files" ] || $(PYTEST) -m serial $$files
 
 # The unit tier and the C++ unit tests: no process of ours starts; seconds.
 test-fast: setup

@@ -122,6 +122,22 @@ def pytest_collection_modifyitems(config, items):
         return (kind, name, 0)
 
     items[:] = sorted(items, key=order_key)
+    _write_serial_files(items)
+
+
+def _write_serial_files(items) -> None:
+    """With HVD_SERIAL_FILES=FILE (the Makefile's parallel part), the files that
+    hold serial tests, one per line, for the serial part to collect alone."""
+    path = os.environ.get("HVD_SERIAL_FILES")
+    if not path:
+        return
+    files = sorted({item.nodeid.split("::")[0] for item in items
+                    if item.get_closest_marker("serial")})
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.{os.getpid()}"  # each xdist worker writes the same list
+    with open(tmp, "w") as f:
+        f.write("".join(f"{name}\n" for name in files))
+    os.replace(tmp, path)
 
 
 def _xdist_group(item, tier):

@@ -13,20 +13,27 @@ pooled test is also a test that `init()` ... `shutdown()` ... `init()` is clean.
 
 A job that leaves a worker dead, hung, killed or unclean (hvd_torch still
 initialised, a thread still running) costs the pool: it is closed and the next
-job starts fresh workers.  dist_harness.run_ranks decides what goes to a pool;
-this file is also the worker's entry point (`python rank_pool.py RANK`).
+job starts fresh workers.  dist_harness.run_ranks decides what goes to a pool.
+
+Workers are forked from a fork server (multiprocessing's "forkserver") that
+imported torch and hvd_torch once for this test process, so a worker, first
+or replacement, starts in milliseconds instead of an interpreter start and an
+`import torch` (1.5 s of CPU each; a run starts about sixty).  The server
+imports and never runs an op: no engine, no OpenMP pool, nothing a fork could
+copy half-made.  A forked worker is as fresh as an exec'd one for a job: it
+starts its own session (killpg reaches what fn starts), and a job's variables
+replace its whole environment.
 """
 
 from __future__ import annotations
 
 import atexit
+import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import signal
-import select
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -71,58 +78,92 @@ def close_all() -> None:
 atexit.register(close_all)
 
 
-# How long new workers may take to import torch and hvd_torch (a loaded machine).
+# How long new workers may take to start (the fork server's imports, the
+# first time, on a loaded machine).
 _START_TIMEOUT = 180.0
+# What the fork server imports once: what every worker would import first.
+_PRELOAD = ["torch", "hvd_torch", "rank_pool"]
+# The environment the fork server starts with: the session's, not that of the
+# test that happens to start the first pool (it may have set variables that
+# torch or hvd_torch read at import).
+_SESSION_ENVIRON = dict(os.environ)
+
+
+def _fork_context():
+    from multiprocessing import forkserver
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
+    # Only what differs is swapped (usually nothing): other threads of this
+    # process (a Ray driver's) may read the environment meanwhile.
+    changed = {k: os.environ.get(k) for k in set(os.environ) | set(_SESSION_ENVIRON)
+               if os.environ.get(k) != _SESSION_ENVIRON.get(k)}
+    _set_environ({k: _SESSION_ENVIRON.get(k) for k in changed})
+    try:
+        forkserver.ensure_running()  # a no-op while it runs
+    finally:
+        _set_environ(changed)
+    return context
+
+
+def _set_environ(values: dict) -> None:
+    """Sets each variable to its value, or unsets it where the value is None."""
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 class RankPool:
-    """N workers, one per rank, each in its own process group (so killpg reaches
+    """N workers, one per rank, each in its own session (so killpg reaches
     anything fn started).  Used from the test process's main thread only.
 
-    The constructor returns once every worker has imported torch and hvd_torch,
-    so a job's timeout counts the job's time only."""
+    The constructor returns once every worker is ready, so a job's timeout
+    counts the job's time only."""
 
     def __init__(self, nranks: int):
         self.nranks = nranks
         self.procs = []
-        self.start_log = tempfile.NamedTemporaryFile(prefix="hvd-pool-", suffix=".log")
+        self.conns = []
+        context = _fork_context()
         for rank in range(nranks):
-            self.procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), str(rank)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,  # one line, "ready", once the imports are done
-                stderr=self.start_log,
-                start_new_session=True,
-            ))
+            ours, theirs = context.Pipe()
+            proc = context.Process(target=_worker_main, args=(rank, theirs),
+                                   name=f"hvd-rank-pool-{rank}")
+            proc.start()
+            theirs.close()
+            self.procs.append(proc)
+            self.conns.append(ours)
         stats["pools_started"] += 1
+        _log_record({"pool_started": nranks})
         self._wait_ready()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + _START_TIMEOUT
-        waiting = {p.stdout.fileno(): p for p in self.procs}
-        while waiting:
+        waiting = dict(zip(self.conns, self.procs))
+        dead = []
+        while waiting and not dead:
             left = deadline - time.monotonic()
-            readable = select.select(list(waiting), [], [], max(left, 0))[0] if left > 0 else []
-            if not readable:
+            if left <= 0:
                 break
-            for fd in readable:
-                line = waiting[fd].stdout.readline()
-                if line == b"ready\n":
-                    del waiting[fd]
-                elif not line:  # it died while importing
-                    deadline = 0
-                # else: something an import printed; the ready line follows
-        for proc in self.procs:
-            proc.stdout.close()
+            ready = multiprocessing.connection.wait(
+                list(waiting) + [p.sentinel for p in waiting.values()], left)
+            for conn in [c for c in ready if c in waiting]:
+                try:
+                    if conn.recv() == "ready":
+                        del waiting[conn]
+                except EOFError:
+                    dead.append(waiting[conn])
+            dead += [p for p in waiting.values() if p.exitcode is not None]
         if waiting:
+            codes = [p.exitcode for p in waiting.values()]
             self.close()
-            with open(self.start_log.name, errors="replace") as f:
-                tail = f.read()[-4000:]
             raise RuntimeError(f"rank pool of {self.nranks}: worker(s) not ready within "
-                               f"{_START_TIMEOUT:g}s or dead while importing:\n{tail}")
+                               f"{_START_TIMEOUT:g}s or dead while starting (exit codes {codes})")
 
     def alive(self) -> bool:
-        return all(p.poll() is None for p in self.procs)
+        return all(p.exitcode is None for p in self.procs)
 
     def run(self, job: str, result_paths, log_paths, timeout: float, stop_on_failure: bool):
         """Sends one job to every worker and waits for each to finish it.
@@ -131,11 +172,9 @@ class RankPool:
         a worker still alive reports 0 or 1 as a fresh rank would have exited.
         The pool closes itself when a job leaves it unfit for the next one."""
         stats["jobs"] += 1
-        for rank, proc in enumerate(self.procs):
-            line = "\t".join((job, result_paths[rank], log_paths[rank])) + "\n"
+        for rank, conn in enumerate(self.conns):
             try:
-                proc.stdin.write(line.encode())
-                proc.stdin.flush()
+                conn.send((job, result_paths[rank], log_paths[rank]))
             except (BrokenPipeError, OSError):
                 pass  # it died between jobs: seen below as a dead worker
         ready = [p + ".ready" for p in result_paths]
@@ -153,7 +192,7 @@ class RankPool:
             if time.monotonic() >= deadline:
                 _log_close(self.nranks, codes, [])
                 self.close()
-                codes = [p.returncode if r in running else codes[r]
+                codes = [p.exitcode if r in running else codes[r]
                          for r, p in enumerate(self.procs)]
                 return codes, running, not after_failure
             time.sleep(0.005)
@@ -163,9 +202,9 @@ class RankPool:
         return codes, [], False
 
     def _code(self, rank: int, ready: str):
-        proc = self.procs[rank]
-        if proc.poll() is not None:
-            return proc.returncode
+        code = self.procs[rank].exitcode
+        if code is not None:
+            return code
         if not os.path.exists(ready):
             return None
         with open(ready) as f:
@@ -173,16 +212,15 @@ class RankPool:
 
     def close(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:
+            if proc.exitcode is None:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
-                    pass
+                    proc.kill()  # killed before it started its own session
         for proc in self.procs:
-            proc.wait()
-            if proc.stdin:
-                proc.stdin.close()
-        self.start_log.close()
+            proc.join()
+        for conn in self.conns:
+            conn.close()
         if _POOLS.get(self.nranks) is self:
             del _POOLS[self.nranks]
 
@@ -200,23 +238,27 @@ def _clean(ready: str) -> bool:
 
 
 def _log_close(nranks: int, codes, ready) -> None:
-    """With HVD_TEST_SCHEDULE set (tests/conftest.py), why a pool was closed:
-    each rank's exit code and what made a worker unfit. A pool closed for a
-    reason a test did not intend costs nranks fresh processes."""
-    import json
-
-    path = os.environ.get("HVD_TEST_SCHEDULE")
-    if not path:
-        return
+    """Why a pool was closed: each rank's exit code and what made a worker
+    unfit. A pool closed for a reason a test did not intend costs nranks new
+    workers."""
     unfit = []
     for r in ready:
         if os.path.exists(r):
             with open(r) as f:
                 unfit += f.read().split("\t")[1:]
-    record = {"pool_closed": nranks, "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
-              "codes": codes, "unfit": [u.strip() for u in unfit]}
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    _log_record({"pool_closed": nranks, "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+                 "codes": codes, "unfit": [u.strip() for u in unfit]})
+
+
+def _log_record(record: dict) -> None:
+    """With HVD_TEST_SCHEDULE set (tests/conftest.py), one line of the run's
+    schedule file (scripts/test_schedule.py reads it)."""
+    import json
+
+    path = os.environ.get("HVD_TEST_SCHEDULE")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 # ---------------------------------------------------------------- worker side
@@ -304,8 +346,11 @@ def _redirect_output(path: str) -> None:
     os.close(fd)
 
 
-def _worker_main(rank: int) -> int:
-    import torch  # noqa: F401  (the point of a warm worker: imported once)
+def _worker_main(rank: int, conn) -> None:
+    """A pool worker, forked from the fork server: runs the jobs conn sends
+    until the pool closes it."""
+    os.setsid()  # killpg(pid) reaches this worker and anything fn starts
+    import torch  # noqa: F401  (imported by the fork server already: free)
     import hvd_torch  # noqa: F401
 
     # torch.compile's progress bars start tqdm's monitor thread, which lives on
@@ -319,11 +364,13 @@ def _worker_main(rank: int) -> int:
         pass
 
     baseline = _Baseline()
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
+    conn.send("ready")
     _redirect_output(os.devnull)
-    for line in sys.stdin.buffer:
-        job, result_path, log_path = line.decode().rstrip("\n").split("\t")
+    while True:
+        try:
+            job, result_path, log_path = conn.recv()
+        except EOFError:  # the pool is gone
+            return
         _redirect_output(log_path)
         code = run_job(job, result_path, rank)
         problems = baseline.restore()
@@ -338,8 +385,3 @@ def _worker_main(rank: int) -> int:
             f.write(f"{code} {'unclean' if problems else 'clean'}"
                     + "".join(f"\t{p}" for p in problems) + "\n")
         os.replace(tmp, result_path + ".ready")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_worker_main(int(sys.argv[1])))

@@ -135,3 +135,23 @@ def test_fresh_jobs_and_import_time_variables_bypass_the_pool():
     logged = {p for p, _ in run_ranks(_pid_and_sum, 2, env={"HOROVOD_LOG_LEVEL": "error"})}
     assert rank_pool.stats["jobs"] == jobs + 1
     assert not pooled & fresh and not pooled & logged
+
+
+def _parent_pid():
+    return os.getppid()
+
+
+def _kill_self():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_workers_of_every_size_fork_from_one_server_not_from_this_process():
+    parents = {p for n in (1, 2, 3) for p in run_ranks(_parent_pid, n)}
+    assert len(parents) == 1 and os.getpid() not in parents, parents
+    server = parents.pop()
+    with open(f"/proc/{server}/cmdline", "rb") as f:
+        assert b"forkserver" in f.read()
+    # A replacement after a kill comes from the same server.
+    with pytest.raises(AssertionError):
+        run_ranks(_kill_self, 2, timeout=30)
+    assert set(run_ranks(_parent_pid, 2)) == {server}
