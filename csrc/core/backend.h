@@ -68,6 +68,12 @@ class Backend {
                              ReduceOp /*op*/, double /*prescale*/, double /*postscale*/) {
     return false;
   }
+  // A direct broadcast out of place: `out` receives the root's `in` on every
+  // rank (the root's too; `in` is read on the root only).
+  virtual bool broadcastInto(const void* /*in*/, void* /*out*/, size_t /*count*/,
+                             DataType /*dtype*/, int /*root*/) {
+    return false;
+  }
   // Called once the job is known to be broken: a device backend stops work
   // that waits on the dead peer (it would otherwise spin on the GPU forever).
   virtual void abort() {}

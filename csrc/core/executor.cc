@@ -286,13 +286,20 @@ void Executor::broadcastFused(const std::vector<Entry*>& entries) {
 
 void Executor::broadcast(Entry& e) {
   const size_t bytes = e.request.numBytes();
-  memory_->copy(e.output, e.input, bytes);
+  // root_rank is a global rank (Horovod's convention); the backend counts
+  // positions in the set.
+  const int root = ranks_.empty() ? e.request.root_rank : indexIn(ranks_, e.request.root_rank);
+  const size_t count = static_cast<size_t>(e.request.numElements());
+  // Out of place, a direct backend copies the root's input as it goes.
+  if (backend_ != nullptr && e.output != e.input &&
+      backend_->broadcastInto(e.input, e.output, count, e.request.dtype, root)) {
+    return;
+  }
+  // Only the root's output starts as its input: the broadcast overwrites
+  // every other rank's (a copy of the whole tensor saved there, out of place).
+  if (backend_ == nullptr || rank_ == root) memory_->copy(e.output, e.input, bytes);
   if (backend_ != nullptr && bytes > 0) {
-    // root_rank is a global rank (Horovod's convention); the backend counts
-    // positions in the set.
-    const int root = ranks_.empty() ? e.request.root_rank : indexIn(ranks_, e.request.root_rank);
-    backend_->broadcast(e.output, static_cast<size_t>(e.request.numElements()), e.request.dtype,
-                        root);
+    backend_->broadcast(e.output, count, e.request.dtype, root);
   }
 }
 

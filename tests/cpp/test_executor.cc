@@ -396,9 +396,29 @@ TEST(allgather_of_no_rows_allocates_and_skips_the_backend) {
   CHECK(backend.calls.empty());
 }
 
+// A device's Memory as the executor sees it: host memory underneath, every
+// call written to a log, so the order of waits, copies and scaling shows.
+class LoggingMemory : public HostMemory {
+ public:
+  void copy(void* dst, const void* src, size_t bytes) override {
+    log.push_back("copy");
+    HostMemory::copy(dst, src, bytes);
+  }
+  void scale(void* buf, size_t count, DataType dtype, double factor) override {
+    if (factor != 1.0) log.push_back("scale");
+    HostMemory::scale(buf, count, dtype, factor);
+  }
+  void waitFor(const DeviceEvent& ready) override {
+    log.push_back("wait");
+    HostMemory::waitFor(ready);
+  }
+  std::vector<std::string> log;
+};
+
 TEST(broadcast_copies_then_broadcasts_the_output_from_root) {
   RecordingBackend backend(2, 0);
-  Executor ex(&backend, 2);
+  LoggingMemory memory;
+  Executor ex(&backend, 2, 0, {}, &memory);
   std::vector<uint8_t> in = {1, 2, 3};
   std::vector<uint8_t> out(3, 0);
   Entry e = entry("b", OpType::kBroadcast, DataType::kUInt8, {3}, in.data(), out.data());
@@ -412,10 +432,12 @@ TEST(broadcast_copies_then_broadcasts_the_output_from_root) {
   }
   CHECK_EQ(out, (std::vector<uint8_t>{1, 1, 1}));  // root 1's bytes
   CHECK_EQ(in, (std::vector<uint8_t>{1, 2, 3}));
+  // Not the root: the broadcast overwrites the output, so nothing copies into it first.
+  CHECK(memory.log.empty());
 
   // On the root the data is its own input.
   RecordingBackend root_backend(2, 1);
-  Executor root_ex(&root_backend, 2);
+  Executor root_ex(&root_backend, 2, 1);
   std::vector<uint8_t> root_out(3, 0);
   Entry f = entry("b", OpType::kBroadcast, DataType::kUInt8, {3}, in.data(), root_out.data());
   f.request.root_rank = 1;
@@ -475,24 +497,6 @@ int main() { return check::runAll(); }
 
 namespace {
 
-// A device's Memory as the executor sees it: host memory underneath, every
-// call written to a log, so the order of waits, copies and scaling shows.
-class LoggingMemory : public HostMemory {
- public:
-  void copy(void* dst, const void* src, size_t bytes) override {
-    log.push_back("copy");
-    HostMemory::copy(dst, src, bytes);
-  }
-  void scale(void* buf, size_t count, DataType dtype, double factor) override {
-    if (factor != 1.0) log.push_back("scale");
-    HostMemory::scale(buf, count, dtype, factor);
-  }
-  void waitFor(const DeviceEvent& ready) override {
-    log.push_back("wait");
-    HostMemory::waitFor(ready);
-  }
-  std::vector<std::string> log;
-};
 
 class CountingEvent : public DeviceEvent {
  public:

@@ -9,6 +9,7 @@
 
 #include "../../core/reduce.h"
 #include "../../core/store_client.h"
+#include "../../core/stream_copy.h"
 
 namespace hvd {
 
@@ -18,6 +19,16 @@ constexpr size_t kPage = 4096;
 constexpr size_t kLine = 64;
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// Copies a piece of a result into its output: cold memory in an op of
+// kStreamCopyFrom bytes or more (stream_copy.h).
+void copyOut(void* dst, const void* src, size_t n, bool stream) {
+  if (stream) {
+    streamCopy(dst, src, n);
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
 
 // The tensors of a fused op seen as one array: copies a range of it out of
 // the inputs or into the outputs.
@@ -40,9 +51,10 @@ class SpanList {
       dst += n * elem_;
     });
   }
-  void write(size_t first, size_t count, const char* src) const {
+  // `stream`: a large op, whose outputs other than its inputs are cold.
+  void write(size_t first, size_t count, const char* src, bool stream) const {
     walk(first, count, [&](const Backend::Span& s, size_t at, size_t n) {
-      std::memcpy(static_cast<char*>(s.out) + at * elem_, src, n * elem_);
+      copyOut(static_cast<char*>(s.out) + at * elem_, src, n * elem_, stream && s.out != s.in);
       src += n * elem_;
     });
   }
@@ -116,6 +128,8 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
   const size_t piece = std::max<size_t>(1, slot_bytes_ / size_ / kLine * kLine / elem);
   const Part mine = partOf(list.total(), size_, rank_);
   const size_t longest = partOf(list.total(), size_, 0).count;
+  // An output other than its input was not read this round: cold, past the caches.
+  const bool stream = list.total() * elem >= kStreamCopyFrom;
   for (size_t done = 0; done < longest; done += piece) {
     const int b = nextBuffer();
     char* in = slot(b, rank_);
@@ -141,7 +155,8 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
     for (int r = 0; r < size_; ++r) {
       const Part p = partOf(list.total(), size_, r);
       if (done >= p.count) continue;
-      list.write(p.first + done, std::min(piece, p.count - done), result(b) + r * piece * elem);
+      list.write(p.first + done, std::min(piece, p.count - done), result(b) + r * piece * elem,
+                 stream);
     }
   }
   return true;
@@ -190,6 +205,7 @@ void ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_t>
   if (dst + first[rank_] * elem != in) std::memmove(dst + first[rank_] * elem, in, mine);
   const size_t longest = *std::max_element(counts.begin(), counts.end()) * elem;
   const char* src = static_cast<const char*>(in);
+  const bool stream = (first[size_ - 1] + counts[size_ - 1]) * elem >= kStreamCopyFrom;
   for (size_t done = 0; done < longest; done += slot_bytes_) {
     const int b = nextBuffer();
     if (done < mine) std::memcpy(slot(b, rank_), src + done, std::min(slot_bytes_, mine - done));
@@ -197,23 +213,36 @@ void ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_t>
     for (int r = 0; r < size_; ++r) {
       const size_t bytes = counts[r] * elem;
       if (r == rank_ || done >= bytes) continue;
-      std::memcpy(dst + first[r] * elem + done, slot(b, r), std::min(slot_bytes_, bytes - done));
+      copyOut(dst + first[r] * elem + done, slot(b, r), std::min(slot_bytes_, bytes - done),
+              stream);
     }
   }
 }
 
 void ShmBackend::broadcast(void* buf, size_t count, DataType dtype, int root) {
+  broadcastInto(buf, buf, count, dtype, root);
+}
+
+bool ShmBackend::broadcastInto(const void* in, void* out, size_t count, DataType dtype,
+                               int root) {
   const size_t bytes = count * dataTypeSize(dtype);
   // The root fills a whole buffer (every slot of it) per round.
   const size_t chunk = (size_ + 1) * slot_bytes_;
-  char* data = static_cast<char*>(buf);
+  // A large broadcast's destination was not read this round: cold, past the caches.
+  const bool stream = bytes >= kStreamCopyFrom;
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
   for (size_t done = 0; done < bytes; done += chunk) {
     const int b = nextBuffer();
     const size_t n = std::min(chunk, bytes - done);
-    if (rank_ == root) std::memcpy(slot(b, 0), data + done, n);
+    if (rank_ == root) std::memcpy(slot(b, 0), src + done, n);
     sync_.barrier("broadcast");
-    if (rank_ != root) std::memcpy(data + done, slot(b, 0), n);
+    // Out of place, the root copies its chunk while the others copy theirs
+    // out of the segment (from its cache, where the chunk just went).
+    if (rank_ == root && dst == src) continue;
+    copyOut(dst + done, slot(b, 0), n, stream);
   }
+  return true;
 }
 
 uint64_t ShmBackend::maxOverRanks(uint64_t value, const char* what) {
@@ -244,6 +273,7 @@ void ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send_coun
   longest = maxOverRanks(longest, "alltoall");
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
+  const bool stream = recv_first[size_ - 1] + recv_counts[size_ - 1] * elem >= kStreamCopyFrom;
   for (size_t done = 0; done < longest; done += piece) {
     const int b = nextBuffer();
     for (int d = 0; d < size_; ++d) {
@@ -257,8 +287,8 @@ void ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send_coun
     for (int s = 0; s < size_; ++s) {
       const size_t bytes = recv_counts[s] * elem;
       if (done < bytes) {
-        std::memcpy(dst + recv_first[s] + done, slot(b, s) + rank_ * piece,
-                    std::min(piece, bytes - done));
+        copyOut(dst + recv_first[s] + done, slot(b, s) + rank_ * piece,
+                std::min(piece, bytes - done), stream);
       }
     }
   }

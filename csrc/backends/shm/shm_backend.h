@@ -41,6 +41,8 @@ class ShmBackend : public Backend {
   void allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
                   DataType dtype) override;
   void broadcast(void* buf, size_t count, DataType dtype, int root) override;
+  bool broadcastInto(const void* in, void* out, size_t count, DataType dtype,
+                     int root) override;
   void alltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
                  const std::vector<int64_t>& recv_counts, DataType dtype) override;
   void barrier() override;
