@@ -212,6 +212,21 @@ def pytest_runtest_protocol(item, nextitem):
                 f.write(json.dumps(record) + "\n")
 
 
+# ---------------------------------------------------------------- shared Ray
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The shared local Ray stops once this process has no Ray test left next:
+    idle, its raylet, GCS and pooled workers still cost about 2 CPU-seconds a
+    minute, and the Ray tests run first (conftest's order), so it would idle
+    through the rest of the session."""
+    if "ray_harness" not in sys.modules or not item.get_closest_marker("ray"):
+        return
+    if nextitem is None or not nextitem.get_closest_marker("ray"):
+        sys.modules["ray_harness"].release_shared_ray()
+
+
 # ---------------------------------------------------------------- rank pools
 
 
