@@ -4,8 +4,9 @@
     python scripts/test_schedule.py /tmp/sched.jsonl
 
 Prints, per worker, its busy time, its number of tests and when it finished
-(seconds from the run's first test), each rank pool closed after a job and why
-(tests/harness/rank_pool.py), then the slowest tests with their worker.
+(seconds from the run's first test), how many rank pool workers were forked,
+each rank pool closed after a job and why (tests/harness/rank_pool.py), then the
+slowest tests with their worker.
 A worker that finishes long before the other is time the schedule lost.
 """
 
@@ -23,6 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     records = [json.loads(line) for line in open(args.log) if line.strip()]
     closes = [r for r in records if "pool_closed" in r]
+    starts = [r["pool_started"] for r in records if "pool_started" in r]
     records = [r for r in records if "test" in r and "start" in r]
     t0 = min(r["start"] for r in records)
     by_worker = collections.defaultdict(list)
@@ -32,6 +34,8 @@ def main() -> None:
     for worker, rows in sorted(by_worker.items()):
         busy = sum(r["end"] - r["start"] for r in rows)
         print(f"{worker:8} {len(rows):6d} {busy:8.1f} {max(r['end'] for r in rows) - t0:14.1f}")
+    if starts:
+        print(f"\n{len(starts)} rank pools started ({sum(starts)} workers forked)")
     if closes:
         fresh = sum(r["pool_closed"] for r in closes)
         print(f"\n{len(closes)} rank pools closed after a job ({fresh} workers to start again):")

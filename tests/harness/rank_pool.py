@@ -18,7 +18,7 @@ job starts fresh workers.  dist_harness.run_ranks decides what goes to a pool.
 Workers are forked from a fork server (multiprocessing's "forkserver") that
 imported torch and hvd_torch once for this test process, so a worker, first
 or replacement, starts in milliseconds instead of an interpreter start and an
-`import torch` (1.5 s of CPU each; a run starts about sixty).  The server
+`import torch` (1.5 s of CPU each; a fresh-clone run forks 70).  The server
 imports and never runs an op: no engine, no OpenMP pool, nothing a fork could
 copy half-made.  A forked worker is as fresh as an exec'd one for a job: it
 starts its own session (killpg reaches what fn starts), and a job's variables
