@@ -142,20 +142,18 @@ class RankPool:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + _START_TIMEOUT
         waiting = dict(zip(self.conns, self.procs))
-        dead = []
-        while waiting and not dead:
+        died = False
+        while waiting and not died:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            ready = multiprocessing.connection.wait(
-                list(waiting) + [p.sentinel for p in waiting.values()], left)
-            for conn in [c for c in ready if c in waiting]:
+            # A worker's only message is "ready"; its death closes its pipe.
+            for conn in multiprocessing.connection.wait(list(waiting), left):
                 try:
-                    if conn.recv() == "ready":
-                        del waiting[conn]
+                    conn.recv()
+                    del waiting[conn]
                 except EOFError:
-                    dead.append(waiting[conn])
-            dead += [p for p in waiting.values() if p.exitcode is not None]
+                    died = True
         if waiting:
             codes = [p.exitcode for p in waiting.values()]
             self.close()
