@@ -445,6 +445,54 @@ TEST(broadcast_copies_then_broadcasts_the_output_from_root) {
   CHECK_EQ(root_out, in);
 }
 
+// A direct backend's out-of-place broadcast: it gets the input and the
+// output as they are, and the executor copies nothing itself.
+class DirectBroadcastBackend : public RecordingBackend {
+ public:
+  using RecordingBackend::RecordingBackend;
+  bool broadcastInto(const void* in, void* out, size_t count, DataType dtype,
+                     int root) override {
+    Call c;
+    c.what = "broadcastInto";
+    c.in = in;
+    c.buf = out;
+    c.count = count;
+    c.dtype = dtype;
+    c.root = root;
+    calls.push_back(c);
+    std::memset(out, root, count * dataTypeSize(dtype));
+    return true;
+  }
+};
+
+TEST(out_of_place_broadcast_goes_to_a_direct_backend_whole) {
+  DirectBroadcastBackend backend(3, 1);
+  LoggingMemory memory;
+  Executor ex(&backend, 3, 1, {}, &memory);
+  std::vector<uint8_t> in = {1, 2, 3};
+  std::vector<uint8_t> out(3, 0);
+  Entry e = entry("b", OpType::kBroadcast, DataType::kUInt8, {3}, in.data(), out.data());
+  e.request.root_rank = 2;
+  ex.execute(execute(OpType::kBroadcast, {&e}), {&e});
+  if (CHECK_EQ(backend.calls.size(), 1u)) {
+    CHECK_EQ(backend.calls[0].what, "broadcastInto");
+    CHECK(backend.calls[0].in == in.data());
+    CHECK(backend.calls[0].buf == out.data());
+    CHECK_EQ(backend.calls[0].count, 3u);
+    CHECK_EQ(backend.calls[0].root, 2);
+  }
+  CHECK_EQ(out, (std::vector<uint8_t>{2, 2, 2}));
+  CHECK(memory.log.empty());
+
+  // In place, the plain broadcast as before.
+  DirectBroadcastBackend same(3, 1);
+  Executor in_place(&same, 3, 1);
+  Entry f = entry("b", OpType::kBroadcast, DataType::kUInt8, {3}, out.data(), out.data());
+  f.request.root_rank = 0;
+  in_place.execute(execute(OpType::kBroadcast, {&f}), {&f});
+  if (CHECK_EQ(same.calls.size(), 1u)) CHECK_EQ(same.calls[0].what, "broadcast");
+}
+
 TEST(barrier_calls_the_backend_once) {
   RecordingBackend backend(3, 0);
   Executor ex(&backend, 3);
