@@ -452,15 +452,9 @@ class DirectBroadcastBackend : public RecordingBackend {
   using RecordingBackend::RecordingBackend;
   bool broadcastInto(const void* in, void* out, size_t count, DataType dtype,
                      int root) override {
-    Call c;
-    c.what = "broadcastInto";
-    c.in = in;
-    c.buf = out;
-    c.count = count;
-    c.dtype = dtype;
-    c.root = root;
-    calls.push_back(c);
-    std::memset(out, root, count * dataTypeSize(dtype));
+    broadcast(out, count, dtype, root);  // records the call and fills `out`
+    calls.back().what = "broadcastInto";
+    calls.back().in = in;
     return true;
   }
 };
