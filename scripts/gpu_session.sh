@@ -129,6 +129,10 @@ hvd.nccl_built())" 2>&1 | tee -a "$work/device.txt" || true
         --device cuda --epochs 3 --no-resume --checkpoint /tmp/digits2.pt
     phase synthetic 45 python3 -m hvdrun -np 1 python3 examples/synthetic_benchmark.py \
         --device cuda --num-iters 3 --json "$work/synthetic.json"
+    # ResNet-50's overhead ratio moved between 0.91 and 1.00 from one run to
+    # the next: two more pairs give it a spread (docs/gpu.md).
+    phase resnet-2 50 python3 bench/gpu_bench.py --part resnet --json "$out/gpu_resnet2.json"
+    phase resnet-3 50 python3 bench/gpu_bench.py --part resnet --json "$out/gpu_resnet3.json"
     # The CPU path of the CUDA build, with what time is left.
     phase cpu-tests 600 "${pytest[@]}" "${workers[@]}" ${CPU_TESTS:-tests/ranks/test_allreduce.py \
         tests/ranks/test_errors.py tests/ranks/test_grouped.py tests/ranks/test_optimizer.py}
