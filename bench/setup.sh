@@ -25,8 +25,9 @@ if mpirun --version 2>/dev/null | grep -q "Open MPI" && command -v mpicc >/dev/n
     say "Open MPI: $(mpirun --version 2>/dev/null | head -n 1)"
 else
     say "Open MPI: installing openmpi-bin libopenmpi-dev (apt-get)"
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    # Wait for apt's locks if another apt-get holds them (scripts/setup.sh).
+    as_root apt-get -o DPkg::Lock::Timeout=600 update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
         openmpi-bin libopenmpi-dev >/dev/null
 fi
 

@@ -38,9 +38,13 @@ as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
+# Another apt-get (a second checkout's set-up, an unattended upgrade) holds
+# apt's locks for a while: wait for them rather than fail.
+APT_WAIT=(-o DPkg::Lock::Timeout=600)
+
 apt_install() {
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    as_root apt-get "${APT_WAIT[@]}" update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get "${APT_WAIT[@]}" install -y -qq "$@" >/dev/null
 }
 
 # 1. Gloo --------------------------------------------------------------------
