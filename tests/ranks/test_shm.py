@@ -182,6 +182,19 @@ def _bool_and_large():
     z = x.clone()
     hvd.broadcast_(z, root_rank=1, name="large.bcast_")
     assert torch.equal(z, pattern + 1)
+    # Alltoall of uneven blocks of MiBs (a rank's own block skips the
+    # segment): rank s sends (s + d) % size + 1 blocks of 256 Ki elements to d,
+    # numbered so every element says where it came from and where it went.
+    block = 256 << 10
+    counts = [(rank + d) % size + 1 for d in range(size)]
+    send = torch.cat([torch.arange(c * block, dtype=torch.float64) + 1e7 * (rank * size + d)
+                      for d, c in enumerate(counts)])
+    got, splits = hvd.alltoall(send, splits=torch.tensor(counts) * block, name="large.a2a")
+    from_each = [(s + rank) % size + 1 for s in range(size)]
+    assert splits.tolist() == [c * block for c in from_each]
+    assert torch.equal(got, torch.cat([torch.arange(c * block, dtype=torch.float64)
+                                       + 1e7 * (s * size + rank)
+                                       for s, c in enumerate(from_each)]))
     return anyv, allv
 
 

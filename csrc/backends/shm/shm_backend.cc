@@ -51,6 +51,16 @@ class SpanList {
       dst += n * elem_;
     });
   }
+  // Calls fn(in, at, n) for each stretch of the inputs in [first, first +
+  // count): `in` its first element, `at` its offset from `first`, in elements.
+  template <typename Fn>
+  void eachInput(size_t first, size_t count, Fn fn) const {
+    size_t at = 0;
+    walk(first, count, [&](const Backend::Span& s, size_t from, size_t n) {
+      fn(static_cast<const char*>(s.in) + from * elem_, at, n);
+      at += n;
+    });
+  }
   // `stream`: a large op, whose outputs other than its inputs are cold.
   void write(size_t first, size_t count, const char* src, bool stream) const {
     walk(first, count, [&](const Backend::Span& s, size_t at, size_t n) {
@@ -130,12 +140,15 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
   const size_t longest = partOf(list.total(), size_, 0).count;
   // An output other than its input was not read this round: cold, past the caches.
   const bool stream = list.total() * elem >= kStreamCopyFrom;
+  // Unscaled, this rank's own part goes from its input to the reduction
+  // without a copy into its slot: only the others read the slot.
+  const bool own_direct = prescale == 1.0;
   for (size_t done = 0; done < longest; done += piece) {
     const int b = nextBuffer();
     char* in = slot(b, rank_);
     for (int r = 0; r < size_; ++r) {
       const Part p = partOf(list.total(), size_, r);
-      if (done >= p.count) continue;
+      if (done >= p.count || (r == rank_ && own_direct)) continue;
       char* dst = in + r * piece * elem;
       const size_t n = std::min(piece, p.count - done);
       list.read(p.first + done, n, dst);
@@ -147,8 +160,18 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
       const size_t at = rank_ * piece * elem;
       char* acc = result(b) + at;
       // Every rank sums in rank order, so results are identical everywhere.
-      reduce(acc, slot(b, 0) + at, slot(b, 1) + at, n);
-      for (int s = 2; s < size_; ++s) reduce(acc, acc, slot(b, s) + at, n);
+      const auto sum = [&](size_t off, size_t m, const char* own) {
+        const auto from = [&](int s) { return s == rank_ ? own : slot(b, s) + at + off * elem; };
+        char* dst = acc + off * elem;
+        reduce(dst, from(0), from(1), m);
+        for (int s = 2; s < size_; ++s) reduce(dst, dst, from(s), m);
+      };
+      if (own_direct) {
+        list.eachInput(mine.first + done, n,
+                       [&](const char* own, size_t off, size_t m) { sum(off, m, own); });
+      } else {
+        sum(0, n, in + at);
+      }
       scaleBuffer(acc, n, dtype, postscale);
     }
     sync_.barrier("allreduce");
@@ -266,8 +289,11 @@ void ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send_coun
     send_first[r] = send_first[r - 1] + send_counts[r - 1] * elem;
     recv_first[r] = recv_first[r - 1] + recv_counts[r - 1] * elem;
   }
-  // Each slot holds one piece per destination.
-  const size_t piece = std::max<size_t>(kLine, slot_bytes_ / size_ / kLine * kLine);
+  // Each slot holds one piece per other rank, in rank order without the
+  // sender; a rank's own block goes straight from its input to its output.
+  const int others = std::max(1, size_ - 1);
+  const size_t piece = std::max<size_t>(kLine, slot_bytes_ / others / kLine * kLine);
+  const auto place = [this](int d, int s) { return static_cast<size_t>(d < s ? d : d - 1); };
   uint64_t longest = 0;
   for (int r = 0; r < size_; ++r) longest = std::max<uint64_t>(longest, send_counts[r] * elem);
   longest = maxOverRanks(longest, "alltoall");
@@ -278,18 +304,18 @@ void ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send_coun
     const int b = nextBuffer();
     for (int d = 0; d < size_; ++d) {
       const size_t bytes = send_counts[d] * elem;
-      if (done < bytes) {
-        std::memcpy(slot(b, rank_) + d * piece, src + send_first[d] + done,
+      if (d != rank_ && done < bytes) {
+        std::memcpy(slot(b, rank_) + place(d, rank_) * piece, src + send_first[d] + done,
                     std::min(piece, bytes - done));
       }
     }
     sync_.barrier("alltoall");
     for (int s = 0; s < size_; ++s) {
       const size_t bytes = recv_counts[s] * elem;
-      if (done < bytes) {
-        copyOut(dst + recv_first[s] + done, slot(b, s) + rank_ * piece,
-                std::min(piece, bytes - done), stream);
-      }
+      if (done >= bytes) continue;
+      const char* from =
+          s == rank_ ? src + send_first[s] + done : slot(b, s) + place(rank_, s) * piece;
+      copyOut(dst + recv_first[s] + done, from, std::min(piece, bytes - done), stream);
     }
   }
 }

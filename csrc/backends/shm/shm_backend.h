@@ -5,10 +5,12 @@
 // The segment holds two buffers (used by alternate rounds, so one barrier per
 // round separates writers from readers), each with one slot per rank and a
 // result slot of slot_bytes. An allreduce splits the tensor into one part per
-// rank; in each round every rank copies its piece of every part into its slot,
-// then reduces the pieces of its own part from all slots into the result
-// slot, then copies every part's result into its output. Bytes moved per rank
-// for N bytes: N in, N read to reduce, N out; no socket, no kernel.
+// rank; in each round every rank copies its piece of every other rank's part
+// into its slot, then reduces the pieces of its own part (its own piece
+// straight from its input) from all slots into the result slot, then copies
+// every part's result into its output. An alltoall's own block, likewise,
+// goes from input to output without the segment. Bytes moved per rank for N
+// bytes on n ranks: N(n-1)/n in, N read to reduce, N out; no socket, no kernel.
 // Protocol and costs: docs/architecture.md, "Shared memory".
 //
 // Threading: made on the init() thread, then used only by the thread that holds
