@@ -16,9 +16,10 @@ initialised, a thread still running) costs the pool: it is closed and the next
 job starts fresh workers.  dist_harness.run_ranks decides what goes to a pool.
 
 Workers are forked from a fork server (multiprocessing's "forkserver") that
-imported torch and hvd_torch once for this test process, so a worker, first
-or replacement, starts in milliseconds instead of an interpreter start and an
-`import torch` (1.5 s of CPU each; a fresh-clone run forks 70).  The server
+imported torch (and torch._dynamo) and hvd_torch once for this test process,
+so a worker, first or replacement, starts in milliseconds instead of an
+interpreter start and an `import torch` (1.5 s of CPU each, 1.1 s more for
+torch._dynamo; a fresh-clone run forks 70).  The server
 imports and never runs an op: no engine, no OpenMP pool, nothing a fork could
 copy half-made.  A forked worker is as fresh as an exec'd one for a job: it
 starts its own session (killpg reaches what fn starts), and a job's variables
@@ -82,7 +83,10 @@ atexit.register(close_all)
 # first time, on a loaded machine).
 _START_TIMEOUT = 180.0
 # What the fork server imports once: what every worker would import first.
-_PRELOAD = ["torch", "hvd_torch", "rank_pool"]
+# torch._dynamo: torch imports it (1.1 s of CPU) the first time a process
+# builds an optimizer (torch._disable_dynamo wraps Optimizer methods), which
+# most training jobs do.
+_PRELOAD = ["torch", "torch._dynamo", "hvd_torch", "rank_pool"]
 # The environment the fork server starts with: the session's, not that of the
 # test that happens to start the first pool (it may have set variables that
 # torch or hvd_torch read at import).
