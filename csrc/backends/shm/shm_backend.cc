@@ -293,7 +293,7 @@ void ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send_coun
   // sender; a rank's own block goes straight from its input to its output.
   const int others = std::max(1, size_ - 1);
   const size_t piece = std::max<size_t>(kLine, slot_bytes_ / others / kLine * kLine);
-  const auto place = [this](int d, int s) { return static_cast<size_t>(d < s ? d : d - 1); };
+  const auto place = [](int d, int s) { return static_cast<size_t>(d < s ? d : d - 1); };
   uint64_t longest = 0;
   for (int r = 0; r < size_; ++r) longest = std::max<uint64_t>(longest, send_counts[r] * elem);
   longest = maxOverRanks(longest, "alltoall");
