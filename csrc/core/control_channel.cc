@@ -114,16 +114,18 @@ std::string ControlChannel::missingRanksMessage(StoreClient& store, const std::s
 // and receives through its rings. Rank 0's HVD_TORCH_SHM_CONTROL decides; a
 // rank that cannot map the segment keeps every rank on TCP. Nothing is in
 // flight on the sockets here: the handshake is over, the loop not started.
-void ControlChannel::attachRings(StoreClient& store, const std::string& prefix) {
+void ControlChannel::attachRings(StoreClient& store, const std::string& prefix, size_t extra) {
   constexpr size_t kRingBytes = size_t{256} << 10;
   const size_t lane = 2 * ByteRing::footprint(kRingBytes);
   const auto timeout = config_.start_timeout;
   const int n = topology_.size;
+  extra_at_ = (lane * (n - 1) + 63) / 64 * 64;
+  const size_t bytes = extra_at_ + extra;
   bool ok = true;
   if (topology_.rank == 0) {
     std::string name = config_.shm_control ? ShmSegment::uniqueName() : "";
     try {
-      if (!name.empty()) segment_ = ShmSegment::create(name, lane * (n - 1));
+      if (!name.empty()) segment_ = ShmSegment::create(name, bytes);
     } catch (const std::exception& e) {
       HVD_LOG(kWarning) << "control frames stay on TCP: " << e.what();
       name.clear();
@@ -138,7 +140,7 @@ void ControlChannel::attachRings(StoreClient& store, const std::string& prefix) 
     const std::string name = store.get(prefix + "name", timeout);
     if (name.empty()) return;
     try {
-      segment_ = ShmSegment::open(name, lane * (n - 1));
+      segment_ = ShmSegment::open(name, bytes);
     } catch (const std::exception& e) {
       HVD_LOG(kWarning) << "control frames stay on TCP: " << e.what();
       ok = false;

@@ -37,8 +37,11 @@ class ControlChannel {
   void connect(StoreClient& store, const std::string& prefix);
   // Every rank on one host: frames from now on go through rings in one shared
   // segment (rank 0's HVD_TORCH_SHM_CONTROL decides; a rank that cannot map
-  // it keeps every rank on TCP).
-  void attachRings(StoreClient& store, const std::string& prefix);
+  // it keeps every rank on TCP). `extra`: bytes more in the segment, after
+  // the rings, for the engine's fast lane (extraArea()).
+  void attachRings(StoreClient& store, const std::string& prefix, size_t extra = 0);
+  // The `extra` bytes of attachRings, zero-filled at creation; null without rings.
+  char* extraArea() const { return rings_.empty() ? nullptr : segment_.data() + extra_at_; }
   // "shm", "tcp", or "local" (one rank).
   std::string plane() const;
   // Frames travel on the sockets (no rings, several ranks): poll them often.
@@ -89,6 +92,7 @@ class ControlChannel {
   std::vector<std::unique_ptr<FrameSocket>> workers_;  // rank 0: index = rank
   std::unique_ptr<FrameSocket> to_coordinator_;        // other ranks
   ShmSegment segment_;                                 // the rings, when attached
+  size_t extra_at_ = 0;                                // where extraArea() starts
   std::vector<std::unique_ptr<ByteRing>> rings_;
   Status abort_;  // rank 0's abort, once readFromCoordinator has read it
 };

@@ -27,6 +27,7 @@ std::shared_ptr<Engine> Engine::start(const Topology& topology, const EngineConf
   if (engine->wake_fd_ < 0) throw std::runtime_error("eventfd failed");
   engine->connect(make_backend, std::move(make_device), generation, std::move(store));
   engine->startObservers();
+  engine->timelineChanged();
   HVD_LOG(kDebug) << "rank " << topology.rank << " of " << topology.size << ": engine connected";
   engine->thread_ = std::thread([e = engine.get()] { e->loop(); });
   return engine;
@@ -63,10 +64,34 @@ void Engine::connect(const BackendFactory& make_backend, DevicePlaneFactory make
     control_.connect(*store_, prefix);
     backend_ = make_backend(topology_, config_, *store_, prefix + "data/");
     // The data plane's choice is every rank's: the ranks share one host.
-    if (std::string(backend_->name()) == "shm") control_.attachRings(*store_, prefix + "control/");
+    if (std::string(backend_->name()) == "shm") attachRingsAndLane(prefix + "control/");
   }
   if (topology_.size == 1) sets_.setRendezvous(nullptr, "", make_backend, std::move(make_device));
   sets_.openGlobal(backend_.get());
+}
+
+void Engine::attachRingsAndLane(const std::string& prefix) {
+  // Every rank must map the same geometry: rank 0's settings decide it.
+  size_t slots = 0;
+  size_t row_bytes = 0;
+  if (topology_.rank == 0) {
+    if (config_.fast_lane && config_.shm_control && config_.fast_lane_bytes > 0 &&
+        topology_.size < 4096) {
+      slots = std::min<size_t>(config_.cache_capacity, 4096);
+      row_bytes = config_.fast_lane_bytes;
+    }
+    store_->set(prefix + "lane", std::to_string(slots) + " " + std::to_string(row_bytes));
+  } else {
+    const std::string geometry = store_->get(prefix + "lane", config_.start_timeout);
+    std::sscanf(geometry.c_str(), "%zu %zu", &slots, &row_bytes);
+  }
+  const size_t extra = slots > 0 ? FastLane::footprint(topology_.size, slots, row_bytes) : 0;
+  control_.attachRings(*store_, prefix, extra);
+  if (extra > 0 && control_.extraArea() != nullptr) {
+    lane_ = std::make_unique<FastLane>(control_.extraArea(), topology_.size, topology_.rank, slots,
+                                       row_bytes, config_.caller_spin,
+                                       config_.fast_lane && config_.callers_drive);
+  }
 }
 
 std::string Engine::controlPlane() const { return control_.plane(); }
@@ -91,7 +116,7 @@ void Engine::shutdown() {
   store_.reset();
 }
 
-std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake) {
+std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake, bool blocking) {
   auto work = std::make_shared<Work>();
   entry.work = work;
   {
@@ -132,6 +157,21 @@ std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake) {
       }
       sweep_in_flight_at_ = 2 * in_flight_.size() + 64;
     }
+    if (!lane_) queue_.push_back(std::move(entry));
+  }
+  if (lane_) {
+    // Every submission of a name with a lane slot registers there, outside
+    // the lock: a blocking one may run on the lane and be done here.
+    if (lane_->submit(entry, blocking) == FastLane::Outcome::kRan) {
+      work->complete(Status());
+      return work;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.ok() || stopping_) {
+      // Stopped meanwhile: the queue may never be taken again.
+      work->complete(broken_.ok() ? Status::shutdown("hvd_torch has been shut down") : broken_);
+      return work;
+    }
     queue_.push_back(std::move(entry));
   }
   if (wake) this->wake();
@@ -155,6 +195,7 @@ bool Engine::cycle(bool background_thread) {
     return false;
   }
   try {
+    if (lane_ && coordinator_) lane_->setPaused(timeline_.active());
     control_.flushAll();
     takeSubmissions();
     if (coordinator_) {
@@ -212,7 +253,10 @@ void Engine::takeSubmissions() {
                            e.request.type != OpType::kAddProcessSet &&
                            e.request.type != OpType::kRemoveProcessSet && !e.request.single_use;
     a.cache_id = cacheable ? rank_cache_.lookup(key, e.request) : -1;
-    if (e.request.type == OpType::kJoin) joined_ = true;
+    if (e.request.type == OpType::kJoin) {
+      joined_ = true;
+      if (lane_) lane_->joined(true);
+    }
     // A cached op goes as its slot alone: rank 0's coordinator reads the
     // request from the slot.
     if (a.cache_id < 0) {
@@ -479,7 +523,15 @@ void Engine::run(const Response& response) {
   std::vector<PendingTable::iterator>& places = run_places_;
   places.clear();
   std::vector<Entry> phantoms;  // reserved: entries points into it
-  if (joined_) phantoms.reserve(response.names.size());
+  if (joined_) {
+    phantoms.reserve(response.names.size());
+    // Others' ops this rank takes part in (or skips) without submitting them:
+    // each is an instance of its name on the lane, as on the ranks that did.
+    if (lane_ && response.process_set == 0) {
+      for (const std::string& name : response.names)
+        if (!pending_.count(tableKey(0, name))) lane_->bystander(name);
+    }
+  }
   Executor* executor = nullptr;
   for (size_t i = 0; i < response.names.size(); ++i) {
     const std::string& name = response.names[i];
@@ -510,6 +562,7 @@ void Engine::run(const Response& response) {
   if (response.type == OpType::kJoin) {
     entries[0]->work->setValue(response.last_joined_rank);
     joined_ = false;
+    if (lane_) lane_->joined(false);
   }
   Status status;
   switch (response.kind) {
@@ -584,6 +637,8 @@ void Engine::run(const Response& response) {
         config_.cache_capacity > 0) {
       rank_cache_.remember(phantom ? phantom_key : place->first, e->request,
                            response.cache_ids[i]);
+      // Before complete(): the name's next submission must find its slot.
+      if (lane_ && response.process_set == 0) lane_->learn(e->request, response, i);
     }
     inline_in_flight_ -= e->inline_traffic;
     // Our references to the tensors go first: a caller woken by complete()

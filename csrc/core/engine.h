@@ -35,6 +35,7 @@
 #include "coordinator.h"
 #include "entry.h"
 #include "executor.h"
+#include "fast_lane.h"
 #include "frame_socket.h"
 #include "process_sets.h"
 #include "shm_segment.h"
@@ -77,7 +78,10 @@ class Engine {
   // (Horovod's "same name as another tensor that is currently being processed").
   // `wake` false leaves the background thread asleep (a group's members but
   // the last): wake() or a later enqueue starts it.
-  std::shared_ptr<Work> enqueue(Entry entry, bool wake = true);
+  // `blocking`: the caller waits for it right after, on this thread, so a
+  // cached op may run at once on the fast lane (fast_lane.h): the work is
+  // then complete on return.
+  std::shared_ptr<Work> enqueue(Entry entry, bool wake = true, bool blocking = false);
   void wake();
   // Runs the background thread's work on this thread until `work` completes
   // or config().caller_spin passes, sparing the two thread hand-offs per op.
@@ -89,6 +93,10 @@ class Engine {
   // Submissions sent to rank 0 as a response-cache slot instead of a full
   // request (diagnostics, tests).
   uint64_t cachedSubmissions() const { return cached_submissions_.load(); }
+  // Ops run on the fast lane, and lane arrivals that gave up waiting
+  // (diagnostics, tests); 0 without a lane.
+  uint64_t laneOps() const { return lane_ ? lane_->ranOps() : 0; }
+  uint64_t laneGaveUp() const { return lane_ ? lane_->gaveUp() : 0; }
 
   const Topology& topology() const { return topology_; }
   const char* backendName() const { return backend_ ? backend_->name() : "local"; }
@@ -102,6 +110,11 @@ class Engine {
   const ProcessSetTable& processSets() const { return process_sets_; }
   // Rank 0's records the job (hvd.start_timeline); other ranks' stay stopped.
   Timeline& timeline() { return timeline_; }
+  // After rank 0's timeline started or stopped: ops leave the fast lane while
+  // it records, so that it shows them. Any thread.
+  void timelineChanged() {
+    if (lane_ && coordinator_) lane_->setPaused(timeline_.active());
+  }
   // The fusion and inline thresholds in force on this rank (the autotuner's
   // latest, sent by rank 0). Any thread.
   Tunables tunables();
@@ -146,6 +159,9 @@ class Engine {
   // Rank 0: hands one arrival to the coordinator; `own` is the request of
   // this rank's own arrival (its error fails that entry), else null.
   void arrive(Arrival arrival, const Request* own);
+  // Every rank on one host: rank 0 sizes the fast lane for the job, the
+  // control rings carry it (null lane when off).
+  void attachRingsAndLane(const std::string& prefix);
   // Rank 0: HOROVOD_TIMELINE and HOROVOD_AUTOTUNE at start().
   void startObservers();
   // Rank 0: the autotuner's new values, used here and sent to every rank.
@@ -203,6 +219,7 @@ class Engine {
   bool joined_ = false;  // this rank called join() and waits for the others
   std::unique_ptr<Coordinator> coordinator_;           // rank 0 only
   ControlChannel control_{topology_, config_};  // rank 0's star, or the link to rank 0
+  std::unique_ptr<FastLane> lane_;  // in control_'s segment: declared after it
   StallInspector stalls_{config_.stall_warning, config_.stall_shutdown};  // rank 0's
 
   Timeline timeline_;

@@ -1,5 +1,6 @@
 #include "topology.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 #include <thread>
@@ -81,6 +82,8 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.engine_spin = std::chrono::microseconds(envInt("HVD_TORCH_ENGINE_SPIN_US", spin));
   c.caller_spin = std::chrono::microseconds(envInt("HVD_TORCH_CALLER_SPIN_US", spin));
   c.callers_drive = envInt("HVD_TORCH_CALLERS_DRIVE", 1) != 0 && c.caller_spin.count() > 0;
+  c.fast_lane = envInt("HVD_TORCH_FAST_LANE", 1) != 0;
+  c.fast_lane_bytes = static_cast<size_t>(std::max(0L, envInt("HVD_TORCH_FAST_LANE_BYTES", 64 << 10)));
   const std::string join_average = envString("HVD_TORCH_JOIN_AVERAGE", "size");
   if (join_average != "size" && join_average != "contributors") {
     throw std::invalid_argument("HVD_TORCH_JOIN_AVERAGE=" + join_average +

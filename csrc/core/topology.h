@@ -68,6 +68,12 @@ struct EngineConfig {
   // A thread waiting for an op runs the engine's work itself while it spins
   // (Engine::drive); needs caller_spin > 0.
   bool callers_drive = true;  // HVD_TORCH_CALLERS_DRIVE
+  // Blocking cached ops of a one-host job in one pass through shared memory
+  // (fast_lane.h), for inputs up to fast_lane_bytes per rank. Rank 0's
+  // HVD_TORCH_FAST_LANE=0 turns the lane off for the job; another rank's
+  // only stops that rank from running ops on it.
+  bool fast_lane = true;                 // HVD_TORCH_FAST_LANE
+  size_t fast_lane_bytes = 64 << 10;     // HVD_TORCH_FAST_LANE_BYTES
   // Average while some ranks have joined: over the whole set (false, Horovod)
   // or over the ranks that submitted (HVD_TORCH_JOIN_AVERAGE=contributors).
   bool join_average_contributors = false;  // HVD_TORCH_JOIN_AVERAGE

@@ -62,6 +62,14 @@ PYBIND11_MODULE(_C, m) {
     auto engine = currentEngine();
     return engine ? engine->cachedSubmissions() : uint64_t{0};
   }, "Ops this process sent to rank 0 as a response-cache slot (Engine::cachedSubmissions).");
+  m.def("lane_ops", [] {
+    auto engine = currentEngine();
+    return engine ? engine->laneOps() : uint64_t{0};
+  }, "Blocking ops this process ran on the fast lane (Engine::laneOps).");
+  m.def("lane_gave_up", [] {
+    auto engine = currentEngine();
+    return engine ? engine->laneGaveUp() : uint64_t{0};
+  }, "Fast-lane arrivals that waited their patience out and took the engine.");
   m.def("init", &init, "Meets the other ranks and starts the engine.");
   m.def("shutdown", &shutdown, "Stops the engine; pending operations fail.");
   m.def("is_initialized", [] { return currentEngine() != nullptr; });
@@ -114,6 +122,7 @@ PYBIND11_MODULE(_C, m) {
                 "hvd_torch.start_timeline() was called before hvd_torch.init(): call hvd.init() first");
     if (engine->topology().rank != 0) return;
     const std::string error = engine->timeline().start(path, mark_cycles);
+    engine->timelineChanged();
     TORCH_CHECK(error.empty(), "hvd_torch.start_timeline('", path, "'): ", error);
   });
   m.def("stop_timeline", [] {
@@ -122,6 +131,7 @@ PYBIND11_MODULE(_C, m) {
                 "hvd_torch.stop_timeline() was called before hvd_torch.init(): call hvd.init() first");
     pybind11::gil_scoped_release no_gil;  // waits for the writer thread's last write
     engine->timeline().stop();
+    engine->timelineChanged();
   });
   // The fusion and inline thresholds in force on this rank (autotune may move them).
   m.def("tunables", [] {

@@ -199,6 +199,12 @@ SubmitThenWait::SubmitThenWait() { t_waits_next = true; }
 SubmitThenWait::~SubmitThenWait() { t_waits_next = false; }
 
 void waitWork(Engine* engine, Work& work, std::chrono::microseconds spin) {
+  if (work.done()) {
+    // Done already (the fast lane ran it on this thread): nothing to wait for.
+    const Status status = work.wait();
+    if (!status.ok()) throwStatus(status);
+    return;
+  }
   Status status;
   // A blocking wait must not hold the GIL: other Python threads (data
   // loaders, the elastic driver) keep running while we wait on peers.
@@ -288,7 +294,7 @@ int64_t enqueue(Engine& engine, Entry e, Pending p, bool wake = true,
   p.keep_alive = e.keep_alive;
   e.request.single_use = singleUseName(e.request.name);
   try {
-    p.work = engine.enqueue(std::move(e), wake && !t_waits_next);
+    p.work = engine.enqueue(std::move(e), wake && !t_waits_next, t_waits_next);
   } catch (const DuplicateName& dup) {
     TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());
   }
