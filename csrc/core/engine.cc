@@ -540,7 +540,10 @@ void Engine::run(const Response& response) {
     if (it != pending_.end()) {
       entries.push_back(&it->second);
     } else if (joined_ && response.kind != Response::kExecute) {
-      return;  // others' op that failed or was reduced inline: nothing for us to do
+      // Others' op that failed or was reduced inline: nothing for us to do,
+      // but the slots the others learn from it, this rank learns too.
+      if (lane_ && response.kind == Response::kInline) lane_->learnSlots(response);
+      return;
     } else if (joined_ && i < response.templates.size()) {
       if (executor == nullptr) {
         // A joined rank uses its own device when it has one for this set.

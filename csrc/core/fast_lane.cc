@@ -150,23 +150,22 @@ bool FastLane::awaitInstance(int32_t slot, uint64_t instance) {
   }
 }
 
+// The word once one more rank finished the instance: the last one readies it
+// for the next instance.
+uint64_t FastLane::finished(uint64_t s) const {
+  return finishedOf(s) + 1 == ranks_ ? (instanceOf(s) + 1) << kInstanceShift : s + 1;
+}
+
 void FastLane::finish(Word& w) {
   uint64_t s = w.state.load(std::memory_order_acquire);
-  for (;;) {
-    const bool last = finishedOf(s) + 1 == ranks_;
-    const uint64_t next = last ? (instanceOf(s) + 1) << kInstanceShift : s + 1;
-    if (w.state.compare_exchange_weak(s, next, std::memory_order_acq_rel)) return;
+  while (!w.state.compare_exchange_weak(s, finished(s), std::memory_order_acq_rel)) {
   }
 }
 
 void FastLane::cancel(int32_t slot) {
   Word& w = word(slot);
   uint64_t s = w.state.load(std::memory_order_acquire);
-  while (!w.state.compare_exchange_weak(s, (s | kCancelled) + 1, std::memory_order_acq_rel)) {
-  }
-  if (finishedOf(s) + 1 == ranks_) {
-    // The last to see it: ready the word for the next instance.
-    w.state.store((instanceOf(s) + 1) << kInstanceShift, std::memory_order_release);
+  while (!w.state.compare_exchange_weak(s, finished(s | kCancelled), std::memory_order_acq_rel)) {
   }
 }
 
@@ -248,11 +247,10 @@ bool FastLane::arrive(const Op& op, Entry& e, int32_t slot, uint64_t instance) {
     const bool give_up = spins % 32 == 0 &&
                          (std::chrono::steady_clock::now() > deadline || off() ||
                           header_->paused.load(std::memory_order_relaxed) != 0 || anyJoined());
-    if (give_up && w.state.compare_exchange_strong(s, (s | kCancelled) + 1,
+    // Only while some rank has not arrived: once all have, nobody may cancel.
+    if (give_up && w.state.compare_exchange_strong(s, finished(s | kCancelled),
                                                    std::memory_order_acq_rel)) {
       gave_up_.fetch_add(1, std::memory_order_relaxed);
-      if (finishedOf(s) + 1 == ranks_)
-        w.state.store((instanceOf(s) + 1) << kInstanceShift, std::memory_order_release);
       return false;
     }
     if (spins % 64 == 63) sched_yield(); else cpuRelax();
@@ -351,6 +349,18 @@ void FastLane::execute(const Op& op, Entry& e) {
     }
     default:
       break;  // never eligible
+  }
+}
+
+void FastLane::learnSlots(const Response& r) {
+  if (r.process_set != 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < r.names.size() && i < r.cache_ids.size(); ++i) {
+    const int32_t slot = r.cache_ids[i];
+    if (slot < 0 || static_cast<size_t>(slot) >= slots_ || table_.count(r.names[i])) continue;
+    auto op = std::make_shared<Op>();
+    op->slot = slot;  // not eligible: this rank has not seen the op's request
+    table_[r.names[i]] = std::move(op);
   }
 }
 

@@ -70,6 +70,11 @@ class FastLane {
   // joined rank took part with): remember what the name's later instances
   // need.
   void learn(const Request& own, const Response& r, size_t i);
+  // Baton holder of a joined rank, for a response of others' ops it does not
+  // take part in (reduced inline): the names' slots, so that this rank
+  // registers their later instances as the others do (never run here until
+  // a response teaches it the op).
+  void learnSlots(const Response& r);
   // Baton holder of a joined rank, for each op of the global set it handles
   // without having submitted it: registers that instance as the submitting
   // ranks did (before learn() of the same response).
@@ -107,6 +112,7 @@ class FastLane {
   // the lane turned off) when it never comes.
   bool awaitInstance(int32_t slot, uint64_t instance);
   // Marks the instance seen by this rank; the last rank resets the word.
+  uint64_t finished(uint64_t state) const;
   void finish(Word& w);
   void cancel(int32_t slot);
   void turnOff();

@@ -187,6 +187,25 @@ TEST(a_bystander_keeps_the_counts_in_step) {
   CHECK_EQ(out[0], std::vector<float>(1, 5.0f));
 }
 
+// A joined rank that only saw a name reduced inline knows its slot, not its
+// request: it registers the instance (cancels) instead of arriving, and the
+// lane meets once it learnt the op.
+TEST(a_slot_learnt_without_its_request_registers_and_keeps_counts) {
+  Job job(2);
+  const Request q = allreduceRequest("x", 1);
+  job.lanes[0]->learn(q, responseFor(q, 6), 0);
+  job.lanes[1]->learnSlots(responseFor(q, 6));
+  std::vector<Outcome> first(2), second(2);
+  std::vector<std::vector<float>> out(2);
+  onEveryRank(2, [&](int r) { first[r] = allreduceOnce(*job.lanes[r], q, r, 0, true, &out[r]); });
+  job.lanes[1]->learn(q, responseFor(q, 6), 0);
+  onEveryRank(2, [&](int r) { second[r] = allreduceOnce(*job.lanes[r], q, r, 1, true, &out[r]); });
+  CHECK(first[0] == Outcome::kRegistered);
+  CHECK(first[1] == Outcome::kRegistered);
+  CHECK(second[0] == Outcome::kRan);
+  CHECK(second[1] == Outcome::kRan);
+}
+
 // Rank 0's timeline pauses the lane: every rank registers and takes the
 // engine, whose ops the timeline records.
 TEST(a_paused_lane_runs_nothing) {

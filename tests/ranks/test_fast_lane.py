@@ -168,11 +168,17 @@ def _join_then_more():
         for i in range(20):
             during.append(hvd.allreduce(torch.full((2,), float(i)), name="j", op=hvd.Sum)
                           .tolist())
+        # A name first used while the others have joined (reduced inline by
+        # rank 0): they learn its slot too, so its later calls stay in step.
+        for _ in range(3):
+            during.append(hvd.allreduce(torch.ones(1), name="fresh", op=hvd.Sum).tolist())
     last = hvd.join()
     before = _C.lane_ops()
+    start = time.monotonic()
     after = [hvd.allreduce(torch.ones(2), name="j", op=hvd.Sum).tolist() for _ in range(20)]
-    res = {"during": during, "last": last, "after": after,
-           "lane_after": _C.lane_ops() - before}
+    fresh = [hvd.allreduce(torch.ones(1), name="fresh", op=hvd.Sum).item() for _ in range(20)]
+    res = {"during": during, "last": last, "after": after, "fresh": fresh,
+           "seconds": time.monotonic() - start, "lane_after": _C.lane_ops() - before}
     hvd.shutdown()
     return res
 
@@ -181,10 +187,12 @@ def _join_then_more():
 def test_joined_ranks_take_part_and_the_lane_resumes_after_join(nranks):
     for r, res in enumerate(run_ranks(_join_then_more, nranks, env=SPIN, timeout=120)):
         if r == 0:
-            assert res["during"] == [[float(i)] * 2 for i in range(20)], res
+            assert res["during"] == [[float(i)] * 2 for i in range(20)] + [[1.0]] * 3, res
         assert res["last"] == 0, res
         assert res["after"] == [[float(nranks)] * 2] * 20, res
-        assert res["lane_after"] > 0, res
+        assert res["fresh"] == [float(nranks)] * 20, res
+        # Counts out of step would stop the lane after a 2 s wait.
+        assert res["seconds"] < 1.5 and res["lane_after"] > 0, res
 
 
 def _with_timeline(path):
