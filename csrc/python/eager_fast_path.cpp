@@ -173,6 +173,8 @@ pybind11::object allgather(pybind11::handle obj, const std::string& name, int64_
 }
 
 // The alltoall op; None when not taken. `splits`: None or a plain tensor.
+// Without splits only the output comes back (the caller returns nothing
+// else, so the rows received from each rank are not made).
 pybind11::object alltoall(pybind11::handle obj, pybind11::handle splits, const std::string& name,
                           int64_t process_set) {
   HANDLE_TH_ERRORS
@@ -183,6 +185,9 @@ pybind11::object alltoall(pybind11::handle obj, pybind11::handle splits, const s
     const at::Tensor* s = plainTensor(splits.ptr());
     if (s == nullptr) return pybind11::none();
     split_rows = *s;
+  } else {
+    return pybind11::cast(std::get<0>(
+        hvd::torch_layer::alltoallBlocking(*t, split_rows, name, process_set, false)));
   }
   return pybind11::cast(hvd::torch_layer::alltoallBlocking(*t, split_rows, name, process_set));
   END_HANDLE_TH_ERRORS_PYBIND

@@ -120,10 +120,13 @@ at::Tensor broadcastBlocking(const at::Tensor& tensor, bool in_place, int64_t ro
                              const std::string& name, int64_t process_set);
 at::Tensor allgatherBlocking(const at::Tensor& tensor, const std::string& name,
                              int64_t process_set);
+// `with_received` false: the second tensor (rows received from each rank) is
+// left undefined, for a caller that gave no splits and returns only the output.
 std::tuple<at::Tensor, at::Tensor> alltoallBlocking(const at::Tensor& tensor,
                                                     const c10::optional<at::Tensor>& splits,
                                                     const std::string& name,
-                                                    int64_t process_set);
+                                                    int64_t process_set,
+                                                    bool with_received = true);
 at::Tensor reducescatterBlocking(const at::Tensor& tensor, const std::string& name, int64_t op,
                                  double prescale, double postscale, int64_t process_set);
 std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in_place,

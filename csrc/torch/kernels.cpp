@@ -204,9 +204,11 @@ at::Tensor allgatherBlocking(const at::Tensor& tensor, const std::string& name,
 std::tuple<at::Tensor, at::Tensor> alltoallBlocking(const at::Tensor& tensor,
                                                     const c10::optional<at::Tensor>& splits,
                                                     const std::string& name,
-                                                    int64_t process_set) {
-  return waitAlltoall(
-      submitToWait([&] { return submitAlltoall(tensor, splits, name, process_set); }));
+                                                    int64_t process_set, bool with_received) {
+  const int64_t handle =
+      submitToWait([&] { return submitAlltoall(tensor, splits, name, process_set); });
+  if (!with_received) return {waitHandle(handle), at::Tensor()};
+  return waitAlltoall(handle);
 }
 
 at::Tensor reducescatterBlocking(const at::Tensor& tensor, const std::string& name, int64_t op,
