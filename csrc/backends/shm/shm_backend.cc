@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -19,6 +20,13 @@ constexpr size_t kPage = 4096;
 constexpr size_t kLine = 64;
 
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// [a, a + n) and [b, b + m) share a byte.
+bool overlap(const void* a, size_t n, const void* b, size_t m) {
+  const auto x = reinterpret_cast<uintptr_t>(a);
+  const auto y = reinterpret_cast<uintptr_t>(b);
+  return n > 0 && m > 0 && x < y + m && y < x + n;
+}
 
 // Copies a piece of a result into its output: cold memory in an op of
 // kStreamCopyFrom bytes or more (stream_copy.h).
@@ -224,18 +232,26 @@ void ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_t>
   std::vector<size_t> first(size_, 0);
   for (int r = 1; r < size_; ++r) first[r] = first[r - 1] + counts[r - 1];
   char* dst = static_cast<char*>(out);
+  char* own = dst + first[rank_] * elem;
   const size_t mine = counts[rank_] * elem;
-  if (dst + first[rank_] * elem != in) std::memmove(dst + first[rank_] * elem, in, mine);
+  const size_t total = (first[size_ - 1] + counts[size_ - 1]) * elem;
+  // A rank's own rows reach its output round by round, from the slot it just
+  // filled (in cache), instead of in a first pass over its input: the input
+  // is read once. An input lying in the output elsewhere than its own place
+  // moves there whole first, before any round could overwrite it.
+  const bool moved = own != in && overlap(in, mine, dst, total);
+  if (moved) std::memmove(own, in, mine);
+  const bool own_rounds = own != in && !moved;
   const size_t longest = *std::max_element(counts.begin(), counts.end()) * elem;
-  const char* src = static_cast<const char*>(in);
-  const bool stream = (first[size_ - 1] + counts[size_ - 1]) * elem >= kStreamCopyFrom;
+  const char* src = moved ? own : static_cast<const char*>(in);
+  const bool stream = total >= kStreamCopyFrom;
   for (size_t done = 0; done < longest; done += slot_bytes_) {
     const int b = nextBuffer();
     if (done < mine) std::memcpy(slot(b, rank_), src + done, std::min(slot_bytes_, mine - done));
     sync_.barrier("allgather");
     for (int r = 0; r < size_; ++r) {
       const size_t bytes = counts[r] * elem;
-      if (r == rank_ || done >= bytes) continue;
+      if ((r == rank_ && !own_rounds) || done >= bytes) continue;
       copyOut(dst + first[r] * elem + done, slot(b, r), std::min(slot_bytes_, bytes - done),
               stream);
     }
