@@ -30,6 +30,8 @@ std::shared_ptr<Engine> Engine::start(const Topology& topology, const EngineConf
   engine->timelineChanged();
   HVD_LOG(kDebug) << "rank " << topology.rank << " of " << topology.size << ": engine connected";
   engine->thread_ = std::thread([e = engine.get()] { e->loop(); });
+  if (engine->lane_ && config.lane_defer.count() > 0)
+    engine->deferral_thread_ = std::thread([e = engine.get()] { e->watchDeferred(); });
   return engine;
 }
 
@@ -107,6 +109,7 @@ void Engine::shutdown() {
     if (stopping_) return;
     stopping_ = true;
   }
+  stopDeferralWatch();
   ringWakeFd();
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> baton(baton_);  // a driver may still be in a round
@@ -160,6 +163,11 @@ std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake, bool blocking) {
     if (!lane_) queue_.push_back(std::move(entry));
   }
   if (lane_) {
+    // An async op of a cached name waits for its caller's synchronize, to
+    // run on the lane then; any other submission first resolves those, in
+    // order (the lane counts each name's submissions).
+    if (!blocking && deferEntry(entry)) return work;
+    if (deferred_count_.load(std::memory_order_acquire) != 0) resolveDeferred(blocking);
     // Every submission of a name with a lane slot registers there, outside
     // the lock: a blocking one may run on the lane and be done here.
     if (lane_->submit(entry, blocking) == FastLane::Outcome::kRan) {
@@ -694,6 +702,11 @@ void Engine::fail(const Status& status) {
   taken_.clear();
   inline_in_flight_ = 0;
   for (Entry& e : queued) e.work->complete(status);
+  for (Deferred& d : takeDeferred()) d.entry.work->complete(status);
+  {
+    // A deferred entry being resolved on the lane ends before its memory goes.
+    std::lock_guard<std::mutex> resolving(resolving_);
+  }
   control_.close();
 }
 

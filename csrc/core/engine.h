@@ -19,7 +19,9 @@
 #include <poll.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -97,6 +99,12 @@ class Engine {
   // (diagnostics, tests); 0 without a lane.
   uint64_t laneOps() const { return lane_ ? lane_->ranOps() : 0; }
   uint64_t laneGaveUp() const { return lane_ ? lane_->gaveUp() : 0; }
+  bool laneOff() const { return lane_ && lane_->off(); }
+  // Sends this rank's deferred async ops (engine_deferred.cc) to the engine:
+  // a poll() that finds its op not done makes sure it progresses.
+  void flushDeferred() {
+    if (deferred_count_.load(std::memory_order_acquire) != 0) resolveDeferred(false);
+  }
 
   const Topology& topology() const { return topology_; }
   const char* backendName() const { return backend_ ? backend_->name() : "local"; }
@@ -220,6 +228,37 @@ class Engine {
   std::unique_ptr<Coordinator> coordinator_;           // rank 0 only
   ControlChannel control_{topology_, config_};  // rank 0's star, or the link to rank 0
   std::unique_ptr<FastLane> lane_;  // in control_'s segment: declared after it
+
+  // Async submissions of cached names that the lane may run once their
+  // callers wait (engine_deferred.cc), in submission order, under mu_.
+  struct Deferred {
+    Entry entry;
+    FastLane::Ticket ticket;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::deque<Deferred> deferred_;
+  std::atomic<size_t> deferred_count_{0};
+  std::mutex resolving_;  // held while deferred entries are taken and resolved
+  // The thread that sends deferred entries to the engine once none was
+  // deferred for config_.lane_defer (a rank whose caller waits elsewhere must
+  // not hold the others).
+  std::thread deferral_thread_;
+  std::mutex deferral_mu_;
+  std::condition_variable deferral_cv_;
+  bool deferral_stop_ = false;                // under deferral_mu_
+  std::atomic<bool> deferral_idle_{false};    // waiting without a deadline
+  // Keeps `e` for the lane; false when it cannot (then the lane registers it now).
+  bool deferEntry(Entry& e);
+  // Resolves every deferred entry, in order: `attempt` runs them on the lane
+  // (the caller is about to wait), else they are cancelled there and go to
+  // the engine. `only_older`: just those deferred before it (the watch thread,
+  // which gives way to a caller resolving already).
+  void resolveDeferred(bool attempt,
+                       std::chrono::steady_clock::time_point only_older = {});
+  void watchDeferred();
+  void stopDeferralWatch();
+  // The deferred entries, for fail(): none is resolved after this.
+  std::deque<Deferred> takeDeferred();
   StallInspector stalls_{config_.stall_warning, config_.stall_shutdown};  // rank 0's
 
   Timeline timeline_;

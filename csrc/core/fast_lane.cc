@@ -170,22 +170,40 @@ void FastLane::cancel(int32_t slot) {
 }
 
 FastLane::Outcome FastLane::submit(Entry& e, bool blocking) {
+  if (e.request.process_set != 0 || off()) return Outcome::kUnknown;
+  Ticket t;
+  t.op = take(e.request.name, &t.instance);
+  if (t.op == nullptr) return Outcome::kUnknown;
+  return resolve(e, t, blocking);
+}
+
+FastLane::Ticket FastLane::defer(const Entry& e) {
+  Ticket t;
   const Request& q = e.request;
-  if (q.process_set != 0 || off()) return Outcome::kUnknown;
-  uint64_t instance = 0;
-  const std::shared_ptr<const Op> op = take(q.name, &instance);
-  if (op == nullptr) return Outcome::kUnknown;
-  const bool try_lane = blocking && attempts_ && op->eligible && q == op->request &&
+  if (q.process_set != 0 || !attempts_ || off() ||
+      header_->paused.load(std::memory_order_acquire) != 0 || anyJoined())
+    return t;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = table_.find(q.name);
+  if (it == table_.end() || !it->second->eligible || !(q == it->second->request)) return t;
+  t.op = it->second;
+  t.instance = instances_[t.op->slot]++;
+  return t;
+}
+
+FastLane::Outcome FastLane::resolve(Entry& e, const Ticket& t, bool attempt) {
+  const Op& op = *t.op;
+  const bool try_lane = attempt && attempts_ && op.eligible && e.request == op.request &&
                         header_->paused.load(std::memory_order_acquire) == 0 && !anyJoined();
-  if (!awaitInstance(op->slot, instance)) return Outcome::kRegistered;
+  if (!awaitInstance(op.slot, t.instance)) return Outcome::kRegistered;
   if (try_lane) {
     std::unique_lock<std::mutex> one(running_, std::try_to_lock);
-    if (one.owns_lock() && arrive(*op, e, op->slot, instance)) return Outcome::kRan;
+    if (one.owns_lock() && arrive(op, e, op.slot, t.instance)) return Outcome::kRan;
     // arrive() registered the instance (cancelled or finished) unless it
     // never got to: then cancel it here.
     if (one.owns_lock()) return Outcome::kRegistered;
   }
-  cancel(op->slot);
+  cancel(op.slot);
   return Outcome::kRegistered;
 }
 

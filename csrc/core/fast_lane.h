@@ -65,6 +65,20 @@ class FastLane {
   // not complete it.
   Outcome submit(Entry& e, bool blocking);
 
+  // What a slot's later instances need; shared with callers (any thread).
+  struct Op;
+  // An async submission the lane may run later, when its caller waits for it
+  // (the engine's deferred entries, engine_deferred.cc): the name's next
+  // instance, taken now, in submission order, registered by resolve().
+  struct Ticket {
+    std::shared_ptr<const Op> op;  // null: the lane cannot run it (submit() it)
+    uint64_t instance = 0;
+  };
+  Ticket defer(const Entry& e);
+  // Registers a deferred submission: runs it (`attempt`: its caller waits) or
+  // cancels it (kRegistered: submit it to the engine).
+  Outcome resolve(Entry& e, const Ticket& ticket, bool attempt);
+
   // Baton holder, once op `i` of a successful response of the global set
   // completed on this rank (`own`: this rank's request, or the template a
   // joined rank took part with): remember what the name's later instances
@@ -93,9 +107,6 @@ class FastLane {
   uint64_t ranOps() const { return ran_.load(std::memory_order_relaxed); }
   uint64_t gaveUp() const { return gave_up_.load(std::memory_order_relaxed); }
   bool off() const;
-
-  // What a slot's later instances need; shared with callers (any thread).
-  struct Op;
 
  private:
   struct Word;

@@ -74,6 +74,10 @@ struct EngineConfig {
   // only stops that rank from running ops on it.
   bool fast_lane = true;                 // HVD_TORCH_FAST_LANE
   size_t fast_lane_bytes = 64 << 10;     // HVD_TORCH_FAST_LANE_BYTES
+  // An async op of a cached name waits for its caller's synchronize to run
+  // on the lane, for at most this long; then it goes to the engine (0: every
+  // async op goes to the engine at once).
+  std::chrono::microseconds lane_defer{1000};  // HVD_TORCH_FAST_LANE_DEFER_US
   // Average while some ranks have joined: over the whole set (false, Horovod)
   // or over the ranks that submitted (HVD_TORCH_JOIN_AVERAGE=contributors).
   bool join_average_contributors = false;  // HVD_TORCH_JOIN_AVERAGE

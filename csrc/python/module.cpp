@@ -70,6 +70,10 @@ PYBIND11_MODULE(_C, m) {
     auto engine = currentEngine();
     return engine ? engine->laneGaveUp() : uint64_t{0};
   }, "Fast-lane arrivals that waited their patience out and took the engine.");
+  m.def("lane_off", [] {
+    auto engine = currentEngine();
+    return engine ? engine->laneOff() : false;
+  }, "True once the fast lane turned itself off for the job (counts out of step).");
   m.def("init", &init, "Meets the other ranks and starts the engine.");
   m.def("shutdown", &shutdown, "Stops the engine; pending operations fail.");
   m.def("is_initialized", [] { return currentEngine() != nullptr; });

@@ -78,6 +78,10 @@ bool pollHandle(int64_t handle) {
   bool done = false;
   TORCH_CHECK_VALUE(table.poll(handle, &done), "hvd_torch.poll: unknown handle ", handle,
                     " (already synchronized, or from before a shutdown)");
+  if (!done) {
+    // A deferred op (engine_deferred.cc) progresses only once sent on.
+    if (auto engine = currentEngine()) engine->flushDeferred();
+  }
   return done;
 }
 

@@ -323,3 +323,57 @@ TEST(allgather_alltoall_broadcast_and_reducescatter_on_3_ranks) {
 }
 
 int main() { return check::runAll(); }
+
+// Deferred submissions (the engine's async ops, engine_deferred.cc): each
+// rank takes its tickets for two names in submission order, then resolves
+// them when its caller waits; resolving in the same order on every rank, all
+// of them run on the lane. A rank that resolves without attempting (a poll,
+// the watch thread) cancels: the others go to the engine for that instance,
+// and the next one meets on the lane again.
+TEST(deferred_submissions_run_on_the_lane_when_resolved_in_order) {
+  Job job(2);
+  const Request a = allreduceRequest("a", 2);
+  const Request b = allreduceRequest("b", 2);
+  for (auto& lane : job.lanes) {
+    lane->learn(a, responseFor(a, 0), 0);
+    lane->learn(b, responseFor(b, 1), 0);
+  }
+  std::vector<std::vector<Outcome>> outcomes(2);
+  std::vector<std::vector<float>> outs(2, std::vector<float>(6, -1.0f));
+  onEveryRank(2, [&](int r) {
+    FastLane& lane = *job.lanes[r];
+    std::vector<float> in(2, static_cast<float>(r + 1));
+    std::vector<Entry> entries(3);
+    std::vector<FastLane::Ticket> tickets;
+    for (int i = 0; i < 3; ++i) {
+      entries[i].request = i == 1 ? b : a;
+      entries[i].input = in.data();
+      entries[i].output = outs[r].data() + 2 * i;
+      entries[i].work = std::make_shared<Work>();
+      // The third is "a" again: a new instance, deferred while the first waits.
+      if (i < 2) tickets.push_back(lane.defer(entries[i]));
+    }
+    CHECK(tickets[0].op != nullptr && tickets[1].op != nullptr);
+    for (int i = 0; i < 2; ++i) outcomes[r].push_back(lane.resolve(entries[i], tickets[i], true));
+    FastLane::Ticket again = lane.defer(entries[2]);
+    // Rank 1 sends this one to the engine (a poll): rank 0's attempt sees it.
+    outcomes[r].push_back(lane.resolve(entries[2], again, r == 0));
+    std::vector<float> next;
+    outcomes[r].push_back(allreduceOnce(lane, a, r, 0, true, &next));
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK(outcomes[r][0] == Outcome::kRan);
+    CHECK(outcomes[r][1] == Outcome::kRan);
+    CHECK(outcomes[r][2] == Outcome::kRegistered);
+    CHECK(outcomes[r][3] == Outcome::kRan);
+    CHECK_EQ(std::vector<float>(outs[r].begin(), outs[r].begin() + 4),
+             std::vector<float>(4, 3.0f));
+  }
+}
+
+TEST(a_name_without_a_slot_is_never_deferred) {
+  Job job(2);
+  Entry e;
+  e.request = allreduceRequest("never.learnt", 2);
+  CHECK(job.lanes[0]->defer(e).op == nullptr);
+}

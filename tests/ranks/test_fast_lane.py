@@ -8,6 +8,7 @@ killed between lane ops: tests/ranks/test_callers_drive.py, whose cached blockin
 allreduces run on the lane."""
 
 import json
+import os
 import time
 
 import pytest
@@ -16,6 +17,10 @@ import torch
 from dist_harness import run_ranks
 
 SPIN = {"HVD_TORCH_CALLER_SPIN_US": "100", "HVD_TORCH_ENGINE_SPIN_US": "100"}
+# For the tests that count lane ops alongside other tests: with more busy ranks
+# than cores, peers are rarely all running within 100 us, so an arrival waits
+# up to 20 ms (yielding its core to them) before it gives up.
+PATIENT = {**SPIN, "HVD_TORCH_CALLER_SPIN_US": "20000"}
 ROUNDS = 6
 
 
@@ -81,14 +86,15 @@ def _every_op_and_dtype():
         col = m[:, 1]
         hvd.allreduce_(col, name="column", op=hvd.Sum)
         expect("column", m[:, 1], (torch.arange(3) * 4 + 1) * n + float(n * (n - 1) // 2))
-    res = {"wrong": wrong[:5], "lane": _C.lane_ops()}
+    res = {"wrong": wrong[:5], "lane": _C.lane_ops(), "gave_up": _C.lane_gave_up(),
+           "off": _C.lane_off()}
     hvd.shutdown()
     return res
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_every_op_and_dtype_gives_the_engines_results(nranks):
-    for res in run_ranks(_every_op_and_dtype, nranks, env=SPIN, timeout=120):
+    for res in run_ranks(_every_op_and_dtype, nranks, env=PATIENT, timeout=120):
         assert res["wrong"] == [], res
         # 48 names, each cached from its second call on: on a quiet machine
         # nearly all of their 240 later calls run on the lane (the serial test
@@ -122,7 +128,7 @@ def _async_and_blocking_of_one_name():
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_async_and_blocking_submissions_of_one_name_mix(nranks):
-    for res in run_ranks(_async_and_blocking_of_one_name, nranks, env=SPIN, timeout=120):
+    for res in run_ranks(_async_and_blocking_of_one_name, nranks, env=PATIENT, timeout=120):
         assert res["ok"], res
         assert res["lane"] > 0, res
 
@@ -207,7 +213,7 @@ def _until_every_rank_used_the_lane(hvd, call, least=20, most=400):
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_joined_ranks_take_part_and_the_lane_resumes_after_join(nranks):
-    for r, res in enumerate(run_ranks(_join_then_more, nranks, env=SPIN, timeout=120)):
+    for r, res in enumerate(run_ranks(_join_then_more, nranks, env=PATIENT, timeout=120)):
         if r == 0:
             assert res["during"] == [[float(i)] * 2 for i in range(20)] + [[1.0]] * 3, res
         assert res["last"] == 0, res
@@ -243,7 +249,7 @@ def _with_timeline(path):
 
 def test_the_timeline_sees_every_op_while_it_records(tmp_path):
     path = str(tmp_path / "timeline.json")
-    results = run_ranks(_with_timeline, 2, args=(path,), env=SPIN, timeout=120)
+    results = run_ranks(_with_timeline, 2, args=(path,), env=PATIENT, timeout=120)
     for res in results:
         # The pause reaches the others with rank 0's next cycle: the first op
         # may still run on the lane.
@@ -287,10 +293,13 @@ def test_a_mismatch_after_cached_rounds_raises_on_every_rank(nranks):
 @pytest.mark.serial  # counts lane ops: ranks short of cores give up more often
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_on_a_quiet_machine_nearly_every_cached_call_runs_on_the_lane(nranks):
-    for res in run_ranks(_every_op_and_dtype, nranks, env=SPIN, timeout=120):
+    # The default patience where every rank has a core; with more ranks than
+    # cores even a quiet machine's scheduler keeps one waiting longer.
+    env = SPIN if nranks <= (os.cpu_count() or 1) else PATIENT
+    for res in run_ranks(_every_op_and_dtype, nranks, env=env, timeout=120):
         assert res["wrong"] == [], res
         assert res["lane"] >= 48 * (ROUNDS - 1) * 3 // 4, res
-    for res in run_ranks(_async_and_blocking_of_one_name, nranks, env=SPIN, timeout=120):
+    for res in run_ranks(_async_and_blocking_of_one_name, nranks, env=env, timeout=120):
         # Rounds where every rank blocks (about 5 of 7 on 2 ranks, 4 of 7 on 3)
         # still meet on the lane: an async submission costs its own round only.
         assert res["ok"] and res["lane"] >= 100, res
