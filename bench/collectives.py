@@ -28,6 +28,11 @@ BUSBW_FACTORS = {
 SPLIT_OPS = ("allgather", "alltoall", "reducescatter")
 # Ops whose torch/MPI forms write into a caller-provided output tensor.
 OUTPUT_OPS = SPLIT_OPS
+# Ops hvd-torch measures in place and out of place: MPI is measured in both forms too,
+# so that each hvd form meets MPI's same form ("mpi" in place, "mpi out" into a
+# separate buffer: Allreduce(send, recv); for Bcast, which has no such form, the root
+# first copies its input into the output, as an out-of-place broadcast must).
+TWO_FORM_OPS = ("allreduce", "broadcast")
 # Element types MPI can carry from a numpy view (Open MPI has no 16-bit floats).
 MPI_DTYPES = ("float32", "float64", "int32", "int64", "uint8", "int8")
 
@@ -79,7 +84,15 @@ class Case:
         self.outputs = (
             [torch.empty_like(self.expected) for _ in range(iters)] if op in OUTPUT_OPS else []
         )
+        self.separate = []  # out-of-place outputs of a TWO_FORM_OPS op (separate_outputs)
         self.torch = torch
+
+    def separate_outputs(self):
+        """Output buffers apart from the inputs, made on first use (MPI's out-of-place
+        form of an op whose result would otherwise land in its input)."""
+        if not self.separate:
+            self.separate = [self.torch.empty_like(self.expected) for _ in self.buffers]
+        return self.separate
 
     @property
     def nbytes(self):
@@ -89,7 +102,7 @@ class Case:
     def prepare(self):
         for b in self.buffers:
             b.copy_(self.input)
-        for o in self.outputs:
+        for o in self.outputs + self.separate:
             o.zero_()
 
     def check(self, label, results):
@@ -145,12 +158,35 @@ def torch_impl(dist, case):
 
 
 MPI_CALLS = {
-    "allreduce": "Allreduce(IN_PLACE)",
+    "allreduce": "Allreduce(IN_PLACE); mpi out: Allreduce(send, recv)",
     "allgather": "Allgather",
-    "broadcast": "Bcast",
+    "broadcast": "Bcast; mpi out: the root copies its input to the output, Bcast(output)",
     "alltoall": "Alltoall",
     "reducescatter": "Reduce_scatter_block",
 }
+
+
+def mpi_impls(MPI, case):
+    """mpi4py's buffer forms on numpy views of the same tensors (no copies): "mpi",
+    and for TWO_FORM_OPS also "mpi out", the out-of-place form."""
+    impls = [mpi_impl(MPI, case)]
+    if case.op not in TWO_FORM_OPS:
+        return impls
+    comm, bufs = MPI.COMM_WORLD, [b.numpy() for b in case.buffers]
+    results = case.separate_outputs()
+    outs = [o.numpy() for o in results]
+    root = comm.Get_rank() == 0
+
+    def run(j):
+        if case.op == "allreduce":
+            comm.Allreduce(bufs[j], outs[j], op=MPI.SUM)
+        else:
+            if root:
+                outs[j][...] = bufs[j]
+            comm.Bcast(outs[j], root=0)
+        return results[j]
+
+    return impls + [Impl("mpi out", "mpi", run, comm.Barrier)]
 
 
 def mpi_impl(MPI, case):

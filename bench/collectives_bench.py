@@ -403,11 +403,13 @@ def run_op(env, op, torch_call):
         case = collectives.Case(env.torch, op, count, env.dtype, iters, env.rank, env.size)
         impls = collectives.hvd_impls(env.hvd, case) + [collectives.torch_impl(env.dist, case)]
         if env.MPI is not None:
-            impls.append(collectives.mpi_impl(env.MPI, case))
+            impls += collectives.mpi_impls(env.MPI, case)
         times = measure(case, impls, env, f"bench.times.{op}")
         row = {"op": op, "bytes": case.nbytes, "count": count, "iters": iters,
                "results": {k: summarize(t, case.nbytes, factor) for k, t in times.items()}}
         row["ratios"] = report.ratios(row["results"])  # fmt: skip
+        if in_place := report.in_place_mpi_ratios(row["results"]):
+            row["in_place_mpi_ratios"] = in_place
         rows.append(row)
         if not table.printed:
             env.log(table.header([i.key for i in impls]))

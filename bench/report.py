@@ -28,13 +28,29 @@ def hvd_keys(results):
 
 
 def ratios(results):
-    """{'torch/hvd X': torch time / hvd X time, 'mpi/hvd X': ...} for each hvd form."""
+    """{'torch/hvd X': torch time / hvd X time, 'mpi/hvd X': ...} for each hvd form. An
+    out-of-place hvd form meets MPI's out-of-place form ("mpi out") where there is one."""
     out = {}
     for base in ("torch", "mpi"):
         if base in results:
             for k in hvd_keys(results):
-                out[f"{base}/{k}"] = results[base]["time_us"] / results[k]["time_us"]
+                ref = mpi_form(results, k) if base == "mpi" else base
+                out[f"{base}/{k}"] = results[ref]["time_us"] / results[k]["time_us"]
     return out
+
+
+def mpi_form(results, hvd_key):
+    """The MPI result an hvd form is judged against: its own form."""
+    return "mpi out" if not hvd_key.endswith("_") and "mpi out" in results else "mpi"
+
+
+def in_place_mpi_ratios(results):
+    """{hvd X: MPI's in-place time / hvd X time} for the out-of-place forms that have an
+    "mpi out" yardstick: the comparison before MPI had that form (reported, not judged)."""
+    if "mpi out" not in results:
+        return {}
+    return {k: results["mpi"]["time_us"] / results[k]["time_us"]
+            for k in hvd_keys(results) if mpi_form(results, k) == "mpi out"}
 
 
 def fmt_bytes(n):
@@ -229,6 +245,16 @@ def mpi_targets(result):
         mean = statistics.geometric_mean([c[3] for c in cells])
         out.append(target("issue #32, MPI time / hvd time, geometric mean over every cell >= 1",
                           f"{mean:.2f} over {len(cells)} cells", mean >= 1.0 if judged else None))
+    old = [(r["bytes"], v) for r in result["rows"] for v in r.get("in_place_mpi_ratios", {}).values()]
+    if old:
+        small = [v for b, v in old if b <= MPI_SMALL_MAX]
+        large = [v for b, v in old if MPI_LARGE_RANGE[0] <= b <= MPI_LARGE_RANGE[1]]
+        out.append(target(
+            "out-of-place forms against MPI's in-place call instead (not judged)",
+            f"small >= {MPI_SMALL_RATIO:g}: {sum(v >= MPI_SMALL_RATIO for v in small)} of "
+            f"{len(small)}, large >= {MPI_LARGE_RATIO:g}: "
+            f"{sum(v >= MPI_LARGE_RATIO for v in large)} of {len(large)}, geometric mean "
+            f"{statistics.geometric_mean([v for _, v in old]):.2f}", None))  # fmt: skip
     return out
 
 

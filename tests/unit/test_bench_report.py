@@ -47,3 +47,28 @@ def test_judged_on_two_ranks_only_and_not_measured_without_mpi():
     assert all(ok is None for ok, _ in _verdicts(_result([0.6] * 3, [2.0] * 3, np=4)))
     assert _verdicts({"np": 2, "rows": [], "many": []}) == [
         (None, "not measured (needs --mpi)")] * 2
+
+
+def test_each_hvd_form_meets_mpis_same_form():
+    # In place against MPI in place; out of place against MPI's out-of-place form,
+    # which for a broadcast includes the root's copy into its output.
+    results = {"hvd broadcast_": {"time_us": 2.0}, "hvd broadcast": {"time_us": 3.0},
+               "torch": {"time_us": 30.0}, "mpi": {"time_us": 1.5},
+               "mpi out": {"time_us": 2.4}}
+    r = report.ratios(results)
+    assert r["mpi/hvd broadcast_"] == 1.5 / 2.0
+    assert r["mpi/hvd broadcast"] == 2.4 / 3.0
+    assert r["torch/hvd broadcast"] == 30.0 / 3.0
+    # The out-of-place form against MPI in place is kept, not judged.
+    assert report.in_place_mpi_ratios(results) == {"hvd broadcast": 1.5 / 3.0}
+    row = {"op": "broadcast", "bytes": 4, "ratios": r,
+           "in_place_mpi_ratios": report.in_place_mpi_ratios(results)}
+    verdicts = report.mpi_targets({"np": 2, "rows": [row], "many": []})
+    assert verdicts[-1]["passed"] is None
+    assert verdicts[-1]["measured"].startswith("small >= 0.5: 1 of 1, large >= 1: 0 of 0")
+
+
+def test_without_an_out_of_place_mpi_form_every_hvd_form_meets_mpi():
+    results = {"hvd allgather": {"time_us": 4.0}, "mpi": {"time_us": 2.0}}
+    assert report.ratios(results) == {"mpi/hvd allgather": 0.5}
+    assert report.in_place_mpi_ratios(results) == {}
