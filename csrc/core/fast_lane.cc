@@ -224,14 +224,21 @@ void FastLane::bystander(const std::string& name) {
 
 bool FastLane::arrive(const Op& op, Entry& e, int32_t slot, uint64_t instance) {
   Word& w = word(slot);
-  const auto deadline = std::chrono::steady_clock::now() + patience_;
+  // The clock is read only once a wait is long enough to look at it: most
+  // arrivals find the others there or soon after.
+  std::chrono::steady_clock::time_point deadline{};
+  auto late = [&] {
+    const auto now = std::chrono::steady_clock::now();
+    if (deadline == std::chrono::steady_clock::time_point{}) deadline = now + patience_;
+    return now > deadline;
+  };
   // Our row still holds the last lane op's input until every rank has read
   // it (finished that instance).
   if (last_slot_ >= 0) {
     Word& last = word(last_slot_);
     for (unsigned spins = 0; instanceOf(last.state.load(std::memory_order_acquire)) <= last_instance_;
          ++spins) {
-      if (off() || std::chrono::steady_clock::now() > deadline) {
+      if (spins % 32 == 31 && (off() || late())) {
         cancel(slot);
         return false;
       }
@@ -263,8 +270,8 @@ bool FastLane::arrive(const Op& op, Entry& e, int32_t slot, uint64_t instance) {
     }
     if (arrivedOf(s) == ranks_) break;
     const bool give_up = spins % 32 == 0 &&
-                         (std::chrono::steady_clock::now() > deadline || off() ||
-                          header_->paused.load(std::memory_order_relaxed) != 0 || anyJoined());
+                         (late() || off() || header_->paused.load(std::memory_order_relaxed) != 0 ||
+                          anyJoined());
     // Only while some rank has not arrived: once all have, nobody may cancel.
     if (give_up && w.state.compare_exchange_strong(s, finished(s | kCancelled),
                                                    std::memory_order_acq_rel)) {
