@@ -103,6 +103,10 @@ std::string Engine::backendName(int32_t process_set) const {
 }
 
 
+Status Engine::refusal() const {
+  return broken_.ok() ? Status::shutdown("hvd_torch has been shut down") : broken_;
+}
+
 void Engine::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -124,12 +128,8 @@ std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake, bool blocking) {
   entry.work = work;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_.ok()) {
-      work->complete(broken_);
-      return work;
-    }
-    if (stopping_) {
-      work->complete(Status::shutdown("hvd_torch has been shut down"));
+    if (!accepting()) {
+      work->complete(refusal());
       return work;
     }
     // Checked here, on the caller's thread, so the second submission raises
@@ -175,9 +175,9 @@ std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake, bool blocking) {
       return work;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_.ok() || stopping_) {
+    if (!accepting()) {
       // Stopped meanwhile: the queue may never be taken again.
-      work->complete(broken_.ok() ? Status::shutdown("hvd_torch has been shut down") : broken_);
+      work->complete(refusal());
       return work;
     }
     queue_.push_back(std::move(entry));

@@ -189,6 +189,9 @@ class Engine {
   std::vector<Entry> queue_;
   bool stopping_ = false;
   Status broken_;  // not ok once a peer failed: every later op fails with it
+  // Whether a submission may still run, and the error it gets when not (mu_ held).
+  bool accepting() const { return broken_.ok() && !stopping_; }
+  Status refusal() const;
   // Names submitted and not yet completed, by tableKey(process set, name).
   std::unordered_map<std::string, std::weak_ptr<Work>> in_flight_;
   size_t sweep_in_flight_at_ = 64;

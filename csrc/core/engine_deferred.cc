@@ -30,9 +30,9 @@ bool Engine::deferEntry(Entry& e) {
   bool first = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_.ok() || stopping_) {
+    if (!accepting()) {
       // Stopped meanwhile: fail() has taken the queue already.
-      e.work->complete(broken_.ok() ? Status::shutdown("hvd_torch has been shut down") : broken_);
+      e.work->complete(refusal());
       return true;
     }
     first = deferred_.empty();
@@ -63,9 +63,8 @@ void Engine::resolveDeferred(bool attempt, std::chrono::steady_clock::time_point
       d = std::move(deferred_.front());
       deferred_.pop_front();
       deferred_count_.fetch_sub(1, std::memory_order_release);
-      if (!broken_.ok() || stopping_) {
-        d.entry.work->complete(broken_.ok() ? Status::shutdown("hvd_torch has been shut down")
-                                            : broken_);
+      if (!accepting()) {
+        d.entry.work->complete(refusal());
         continue;
       }
     }
@@ -74,9 +73,8 @@ void Engine::resolveDeferred(bool attempt, std::chrono::steady_clock::time_point
       continue;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_.ok() || stopping_) {
-      d.entry.work->complete(broken_.ok() ? Status::shutdown("hvd_torch has been shut down")
-                                          : broken_);
+    if (!accepting()) {
+      d.entry.work->complete(refusal());
       continue;
     }
     queue_.push_back(std::move(d.entry));
