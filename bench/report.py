@@ -271,7 +271,15 @@ def synthetic_target(n):
     if ratio is None:
         return target(name, "not measured (hvd only or ddp only)", None)
     when = saved.get("date", "?")
-    return target(name, f"hvd/ddp {ratio:.3f} (run of {when})", ratio >= 1.0)
+    measured = f"hvd/ddp {ratio:.3f}"
+    per_iter = saved.get("ratio_hvd_ddp_per_iter")
+    if per_iter:
+        measured += (f" (per iteration: median {statistics.median(per_iter):.3f}, "
+                     f"{min(per_iter):.3f}-{max(per_iter):.3f})")
+    bound = {m: saved["results"][m].get("of_sync_bound") for m in ("hvd", "ddp")}
+    if None not in bound.values():
+        measured += f"; of the sync bound: hvd {bound['hvd']:.1%}, ddp {bound['ddp']:.1%}"
+    return target(name, f"{measured} (run of {when})", ratio >= 1.0)
 
 
 def targets_lines(result):

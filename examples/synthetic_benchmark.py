@@ -6,10 +6,13 @@
 In the spirit of Horovod's pytorch_synthetic_benchmark.py. Every rank trains a
 ResNet-18 (BasicBlock [2, 2, 2, 2], the CIFAR form for 32x32 inputs: 3x3 stem,
 no max-pool; 10 classes, 11.2M parameters) on one random batch of its own with
-SGD(lr=0.01), three ways, in the same processes:
+SGD(lr=0.01), four ways, in the same processes:
 
   local  forward, backward and step without communication, on every rank at
          once: the 1-rank baseline, measured under the same CPU contention
+  sync   local's step, then a 4-byte allreduce: the ranks wait for each other
+         once per step, as any synchronous data-parallel training must, but
+         send no gradients. No library can beat it: it is the bound
   hvd    hvd.DistributedOptimizer: each gradient's allreduce starts from a hook
          during backward; step() waits for them
   ddp    torch.nn.parallel.DistributedDataParallel on a gloo process group
@@ -21,7 +24,12 @@ mean +- 1.96 std over iterations:
 
   img/sec per rank, total img/sec (the sum over ranks), step time
   scaling efficiency = total img/sec / (N x local img/sec per rank)
-  ratio = hvd img/sec / ddp img/sec (above 1: hvd-torch is faster)
+  of the bound = total img/sec / sync's total img/sec: what communication
+                 costs beyond the wait for the slowest rank
+  ratio = hvd img/sec / ddp img/sec (above 1: hvd-torch is faster), over all
+          iterations, and its median and range over the iterations (each
+          iteration's hvd and ddp sets run back to back, so they share the
+          machine's load of that moment)
 
 At the end the ranks compare a checksum of each model's weights (the script
 exits with 1 if they differ), and the hvd and ddp weights are compared with each
@@ -60,7 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--num-warmup-batches", type=int, default=2, help="untimed, per mode")
     p.add_argument("--num-batches-per-iter", type=int, default=3)
-    p.add_argument("--num-iters", type=int, default=5)
+    p.add_argument("--num-iters", type=int, default=10)
     p.add_argument("--fp16-allreduce", action="store_true", help="float16 gradients on the wire")
     p.add_argument("--mode", choices=("hvd", "ddp", "both"), default="both")
     p.add_argument("--seed", type=int, default=0)
@@ -145,17 +153,21 @@ def make_runners(args, modes):
     target = torch.randint(0, 10, (args.batch_size,), generator=g).to(args.device)
     base = base.to(args.device)
 
-    def runner(model, optimizer):
+    def runner(model, optimizer, wait_for_peers=False):
         def step():
             optimizer.zero_grad()
             F.cross_entropy(model(data), target).backward()
             optimizer.step()
+            if wait_for_peers:
+                hvd.allreduce_(torch.zeros(1), name="synthetic.sync")
 
         return model, step
 
     runners = {}
     model = copy.deepcopy(base)
     runners["local"] = runner(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    model = copy.deepcopy(base)
+    runners["sync"] = runner(model, torch.optim.SGD(model.parameters(), lr=0.01), True)
     if "hvd" in modes:
         model = copy.deepcopy(base)
         compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
@@ -229,6 +241,12 @@ def summarize(times, args, size):
     }
 
 
+def paired_ratios(a, b):
+    """a's total img/sec / b's, iteration by iteration (each pair ran back to back)."""
+    totals = [[sum(rates) for rates in zip(*r["img_sec_iters"])] for r in (a, b)]
+    return [x / y for x, y in zip(*totals)]
+
+
 def checksum(model):
     h = hashlib.sha256()
     for p in model.parameters():
@@ -268,7 +286,8 @@ def main():
         f"gradients in {'float16' if args.fp16_allreduce else 'float32'}"
     )
     log(
-        "Modes: local (no communication: the 1-rank baseline), "
+        "Modes: local (no communication: the 1-rank baseline), sync (local, then one "
+        "4-byte allreduce: the bound for synchronous data parallelism), "
         + ", ".join(
             {"hvd": "hvd (DistributedOptimizer)", "ddp": "ddp (DistributedDataParallel, gloo)"}[m]
             for m in modes
@@ -302,10 +321,14 @@ def main():
     )
     results = {n: summarize([g["times"][n] for g in gathered], args, size) for n in runners}
     local = results["local"]["img_sec_per_rank"]
-    for name in modes:
+    bound = results["sync"]["img_sec_total"]
+    for name in ["sync"] + modes:
         results[name]["scaling_efficiency"] = results[name]["img_sec_total"] / (size * local)
+    for name in modes:
+        results[name]["of_sync_bound"] = results[name]["img_sec_total"] / bound
     ddp_title = f"DDP ({dist.get_backend()})" if "ddp" in modes else ""
-    titles = {"local": "local (no communication)", "hvd": "hvd-torch", "ddp": ddp_title}
+    titles = {"local": "local (no communication)", "sync": "sync (no gradients sent: the bound)",
+              "hvd": "hvd-torch", "ddp": ddp_title}
     for name, r in results.items():
         log(f"{titles[name]}:")
         log(f"  Img/sec per rank: {r['img_sec_per_rank']:.1f} +-{r['img_sec_per_rank_ci']:.1f}")
@@ -319,10 +342,17 @@ def main():
         )
         if name != "local":
             log(f"  Scaling efficiency: {100 * r['scaling_efficiency']:.1f}%")
-    ratio = None
+        if name in modes:
+            log(f"  Of the sync bound: {100 * r['of_sync_bound']:.1f}%")
+    ratio, per_iter = None, None
     if len(modes) == 2:
         ratio = results["hvd"]["img_sec_total"] / results["ddp"]["img_sec_total"]
-        log(f"Ratio hvd/ddp (total img/sec): {ratio:.3f} (> 1: hvd-torch faster)")
+        per_iter = paired_ratios(results["hvd"], results["ddp"])
+        log(
+            f"Ratio hvd/ddp (total img/sec): {ratio:.3f} (> 1: hvd-torch faster); per "
+            f"iteration: median {statistics.median(per_iter):.3f}, "
+            f"range {min(per_iter):.3f}-{max(per_iter):.3f}"
+        )
 
     status = 0
     checks = {}
@@ -364,6 +394,7 @@ def main():
             },
             "results": results,
             "ratio_hvd_ddp": ratio,
+            "ratio_hvd_ddp_per_iter": per_iter,
             "weights_identical": checks,
             "max_abs_diff_hvd_ddp": max_diff,
         }

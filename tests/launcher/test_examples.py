@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 from hvdrun_job import run_hvdrun  # noqa: E402
 
@@ -107,16 +109,24 @@ def test_synthetic_benchmark(tmp_path):
         "--num-warmup-batches", "1", "--batch-size", "8", "--json", str(results))
     assert code == 0, out
     text = "\n".join(_stdout(out))
-    for section in ("local (no communication):", "hvd-torch:", "DDP (gloo):"):
+    for section in ("local (no communication):", "sync (no gradients sent: the bound):",
+                    "hvd-torch:", "DDP (gloo):"):
         assert section in text, out
-    assert len(re.findall(r"Total img/sec on 2 rank\(s\): [\d.]+ \+-[\d.]+", text)) == 3, out
-    assert len(re.findall(r"Scaling efficiency: [\d.]+%", text)) == 2, out
-    assert re.search(r"Ratio hvd/ddp \(total img/sec\): [\d.]+", text), out
+    assert len(re.findall(r"Total img/sec on 2 rank\(s\): [\d.]+ \+-[\d.]+", text)) == 4, out
+    assert len(re.findall(r"Scaling efficiency: [\d.]+%", text)) == 3, out
+    assert len(re.findall(r"Of the sync bound: [\d.]+%", text)) == 2, out
+    assert re.search(r"Ratio hvd/ddp \(total img/sec\): [\d.]+ .*per iteration: median [\d.]+, "
+                     r"range [\d.]+-[\d.]+", text), out
     assert "Weights identical on all ranks: hvd True, ddp True" in text, out
     report = json.loads(results.read_text())
     assert report["np"] == 2
-    assert set(report["results"]) == {"local", "hvd", "ddp"}
+    assert set(report["results"]) == {"local", "sync", "hvd", "ddp"}
     assert report["ratio_hvd_ddp"] > 0
+    assert len(report["ratio_hvd_ddp_per_iter"]) == 1
+    for name in ("hvd", "ddp"):
+        r = report["results"][name]
+        assert r["of_sync_bound"] == pytest.approx(
+            r["img_sec_total"] / report["results"]["sync"]["img_sec_total"])
 
 
 def test_two_trials_in_process_sets():

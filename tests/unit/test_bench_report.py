@@ -1,6 +1,7 @@
 """bench/report.py's verdicts on issue #32's goals against Open MPI, from rows as
 collectives_bench.py writes them (no run)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -72,3 +73,21 @@ def test_without_an_out_of_place_mpi_form_every_hvd_form_meets_mpi():
     results = {"hvd allgather": {"time_us": 4.0}, "mpi": {"time_us": 2.0}}
     assert report.ratios(results) == {"mpi/hvd allgather": 0.5}
     assert report.in_place_mpi_ratios(results) == {}
+
+
+def test_synthetic_verdict_quotes_the_spread_and_the_sync_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "HERE", str(tmp_path))
+    (tmp_path / "results").mkdir()
+    saved = {"date": "2026-11-28T11:00:00+00:00", "ratio_hvd_ddp": 1.06,
+             "ratio_hvd_ddp_per_iter": [0.97, 1.05, 1.10],
+             "results": {"hvd": {"of_sync_bound": 0.96}, "ddp": {"of_sync_bound": 0.9}}}
+    (tmp_path / "results" / "synthetic_2.json").write_text(json.dumps(saved))
+    t = report.synthetic_target(2)
+    assert t["passed"] is True
+    assert t["measured"].startswith(
+        "hvd/ddp 1.060 (per iteration: median 1.050, 0.970-1.100); "
+        "of the sync bound: hvd 96.0%, ddp 90.0%")
+    saved["ratio_hvd_ddp"] = 0.99
+    (tmp_path / "results" / "synthetic_2.json").write_text(json.dumps(saved))
+    assert report.synthetic_target(2)["passed"] is False
+    assert "missing" in report.synthetic_target(3)["measured"]
