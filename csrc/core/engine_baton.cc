@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "cpu_relax.h"
+#include "poll_budget.h"
 
 namespace hvd {
 
@@ -230,11 +231,15 @@ bool Engine::drive(const Work& work) {
   std::vector<pollfd> fds;
   std::vector<FrameSocket*> owners;
   bool running = true;
-  while (running && !work.done()) {
-    running = cycle(false);
-    if (!running || work.done()) break;
-    watchList(fds, owners);
-    if (!awaitInput(fds, owners, work, deadline)) break;
+  {
+    // The data planes' barriers poll as long as this caller would.
+    PollBudget budget(config_.caller_spin);
+    while (running && !work.done()) {
+      running = cycle(false);
+      if (!running || work.done()) break;
+      watchList(fds, owners);
+      if (!awaitInput(fds, owners, work, deadline)) break;
+    }
   }
   // What is left for the background thread: ops waiting for peers, bytes a
   // full socket did not take, a stop or failure to act on.

@@ -74,15 +74,27 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.stall_check = envInt("HOROVOD_STALL_CHECK_DISABLE", 0) == 0;
   c.stall_warning = std::chrono::seconds(envInt("HOROVOD_STALL_CHECK_TIME_SECONDS", 60));
   c.stall_shutdown = std::chrono::seconds(envInt("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 900));
-  // Spinning pays only while every rank has a core to spin on; with more
-  // ranks than cores it steals the CPU from the peer it is waiting for.
+  // The engine thread spins only while every rank has a core: with more ranks
+  // than cores it would take the core from its own rank's compute or from
+  // the peer it waits for. A caller waiting for its op polls while the host
+  // has at most two ranks per core: its process has nothing else to do, and
+  // its loops' yields hand the core to the one other rank there, often the
+  // peer it waits for. With more, a yield goes round a ring of pollers (2
+  // cores, 4-byte allreduce: 4 ranks 184 -> 18-45 us, 8 ranks 341 -> 602, 16
+  // ranks 779 -> 2489; docs/architecture.md, "More ranks than cores").
   const long local_size = envInt("HOROVOD_LOCAL_SIZE", envInt("HOROVOD_SIZE", 1));
   const long cores = static_cast<long>(std::thread::hardware_concurrency());
-  const long spin = (cores == 0 || local_size <= cores) ? 100 : 0;
-  c.engine_spin = std::chrono::microseconds(envInt("HVD_TORCH_ENGINE_SPIN_US", spin));
-  c.caller_spin = std::chrono::microseconds(envInt("HVD_TORCH_CALLER_SPIN_US", spin));
+  const bool core_each = cores == 0 || local_size <= cores;
+  const bool core_pairs = cores == 0 || local_size <= 2 * cores;
+  c.engine_spin =
+      std::chrono::microseconds(envInt("HVD_TORCH_ENGINE_SPIN_US", core_each ? 100 : 0));
+  c.caller_spin =
+      std::chrono::microseconds(envInt("HVD_TORCH_CALLER_SPIN_US", core_pairs ? 100 : 0));
   c.callers_drive = envInt("HVD_TORCH_CALLERS_DRIVE", 1) != 0 && c.caller_spin.count() > 0;
-  c.fast_lane = envInt("HVD_TORCH_FAST_LANE", 1) != 0;
+  // The lane needs every rank running at once: with more ranks than cores an
+  // arrival mostly waits out its patience and then takes the engine anyway
+  // (4 ranks on 2 cores: 76 us a 4-byte op, 21 us through driven rounds).
+  c.fast_lane = envInt("HVD_TORCH_FAST_LANE", core_each ? 1 : 0) != 0;
   c.fast_lane_bytes = static_cast<size_t>(std::max(0L, envInt("HVD_TORCH_FAST_LANE_BYTES", 64 << 10)));
   c.lane_defer = std::chrono::microseconds(std::max(0L, envInt("HVD_TORCH_FAST_LANE_DEFER_US", 1000)));
   const std::string join_average = envString("HVD_TORCH_JOIN_AVERAGE", "size");

@@ -71,7 +71,8 @@ struct EngineConfig {
   // Blocking cached ops of a one-host job in one pass through shared memory
   // (fast_lane.h), for inputs up to fast_lane_bytes per rank. Rank 0's
   // HVD_TORCH_FAST_LANE=0 turns the lane off for the job; another rank's
-  // only stops that rank from running ops on it.
+  // only stops that rank from running ops on it. Off by default with more
+  // ranks on the host than cores.
   bool fast_lane = true;                 // HVD_TORCH_FAST_LANE
   size_t fast_lane_bytes = 64 << 10;     // HVD_TORCH_FAST_LANE_BYTES
   // An async op of a cached name waits for its caller's synchronize to run

@@ -2,7 +2,8 @@
 stay exact when synchronous ops, async ops, grouped ops, large ops and a second thread's
 ops mix; most synchronous small ops complete on the caller's thread; with
 HVD_TORCH_CALLERS_DRIVE=0 none does; a rank killed while the others drive is named
-within seconds. 2 and 3 ranks (spinning forced on, so 3 ranks on 2 cores drive too)."""
+within seconds. 2 and 3 ranks (spinning forced on, so that the engine thread spins on
+2 cores too); by default callers drive with up to two ranks per core, and not past that."""
 
 import os
 import signal
@@ -15,8 +16,7 @@ import pytest
 import torch
 
 from dist_harness import run_ranks  # noqa: E402
-
-SPIN = {"HVD_TORCH_CALLER_SPIN_US": "100", "HVD_TORCH_ENGINE_SPIN_US": "100"}
+from spin_env import SPIN  # noqa: E402
 
 
 def _mixed_traffic():
@@ -87,6 +87,39 @@ def test_driving_off_leaves_the_work_to_the_engine_thread():
     for res in run_ranks(_mixed_traffic, 2, env=env, timeout=180):
         assert res["wrong"] == [] and res["side"], res
         assert res["driven"] == 0, res
+
+
+def _blocking_loop():
+    import hvd_torch as hvd
+    from hvd_torch import _C
+
+    hvd.init()
+    n = hvd.size()
+    before = _C.driven_ops() + _C.lane_ops()
+    wrong = 0
+    for i in range(300):
+        x = hvd.allreduce(torch.tensor([float(i)]), name="oversubscribed", op=hvd.Sum)
+        wrong += x.item() != float(n * i)
+    return {"wrong": wrong, "on_callers": _C.driven_ops() + _C.lane_ops() - before}
+
+
+@pytest.mark.parametrize("per_core", ["up to two ranks", "more"])
+def test_callers_drive_by_default_up_to_two_ranks_per_core(per_core):
+    # With more ranks than cores only the engine thread stops spinning; a
+    # waiting caller polls on while a host has at most two ranks per core, so
+    # its ops run on its own thread (before, none did: ~200 us a 4-byte op on
+    # 4 ranks). Past that it sleeps at once, as its yields would go round a
+    # ring of pollers.
+    cores = os.cpu_count() or 1
+    nranks = cores + 1 if per_core == "up to two ranks" else 2 * cores + 1
+    if nranks > 5:
+        pytest.skip(f"{cores} cores: too many ranks to oversubscribe them here")
+    for res in run_ranks(_blocking_loop, nranks, timeout=180):
+        assert res["wrong"] == 0, res
+        if per_core == "more":
+            assert res["on_callers"] == 0, res
+        else:
+            assert res["on_callers"] > 0, res
 
 
 def _victim_of_a_kill():

@@ -15,12 +15,8 @@ import pytest
 import torch
 
 from dist_harness import run_ranks
+from spin_env import PATIENT, SPIN
 
-SPIN = {"HVD_TORCH_CALLER_SPIN_US": "100", "HVD_TORCH_ENGINE_SPIN_US": "100"}
-# For the tests that count lane ops alongside other tests: with more busy ranks
-# than cores, peers are rarely all running within 100 us, so an arrival waits
-# up to 20 ms (yielding its core to them) before it gives up.
-PATIENT = {**SPIN, "HVD_TORCH_CALLER_SPIN_US": "20000"}
 ROUNDS = 6
 
 

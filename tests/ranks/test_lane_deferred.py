@@ -13,11 +13,8 @@ import pytest
 import torch
 
 from dist_harness import run_ranks
+from spin_env import PATIENT, SPIN
 
-SPIN = {"HVD_TORCH_CALLER_SPIN_US": "100", "HVD_TORCH_ENGINE_SPIN_US": "100"}
-# A patience past the scheduler's delays with more busy ranks than cores
-# (tests/ranks/test_fast_lane.py), for counts of lane ops next to other tests.
-PATIENT = {**SPIN, "HVD_TORCH_CALLER_SPIN_US": "20000"}
 # No watch thread in practice: only the callers send deferred ops on.
 NO_WATCH = {**SPIN, "HVD_TORCH_FAST_LANE_DEFER_US": "600000000"}
 

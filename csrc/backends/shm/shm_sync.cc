@@ -1,6 +1,7 @@
 #include "shm_sync.h"
 
 #include "../../core/cpu_relax.h"
+#include "../../core/poll_budget.h"
 
 #include <linux/futex.h>
 #include <poll.h>
@@ -99,11 +100,12 @@ void ShmSync::barrier(const char* what) {
   if (allReached(step)) return;
   // Spin, yielding now and then so an oversubscribed peer gets the core.
   const auto start = std::chrono::steady_clock::now();
-  if (spin_.count() > 0) {
+  const auto spin = pollBudget(spin_);
+  if (spin.count() > 0) {
     for (unsigned i = 1;; ++i) {
       if (allReached(step)) return;
       if (i % 64 == 0) {
-        if (std::chrono::steady_clock::now() - start > spin_) break;
+        if (std::chrono::steady_clock::now() - start > spin) break;
         sched_yield();
       } else {
         cpuRelax();
