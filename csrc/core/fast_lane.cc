@@ -171,29 +171,22 @@ void FastLane::cancel(int32_t slot) {
 
 FastLane::Outcome FastLane::submit(Entry& e, bool blocking) {
   if (e.request.process_set != 0 || off()) return Outcome::kUnknown;
-  Ticket t;
-  t.op = take(e.request.name, &t.instance);
+  const Ticket t = take(e.request.name, &e.request, false);
   if (t.op == nullptr) return Outcome::kUnknown;
   return resolve(e, t, blocking);
 }
 
 FastLane::Ticket FastLane::defer(const Entry& e) {
-  Ticket t;
   const Request& q = e.request;
   if (q.process_set != 0 || !attempts_ || off() ||
       header_->paused.load(std::memory_order_acquire) != 0 || anyJoined())
-    return t;
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = table_.find(q.name);
-  if (it == table_.end() || !it->second->eligible || !(q == it->second->request)) return t;
-  t.op = it->second;
-  t.instance = instances_[t.op->slot]++;
-  return t;
+    return Ticket{};
+  return take(q.name, &q, true);
 }
 
 FastLane::Outcome FastLane::resolve(Entry& e, const Ticket& t, bool attempt) {
   const Op& op = *t.op;
-  const bool try_lane = attempt && attempts_ && op.eligible && e.request == op.request &&
+  const bool try_lane = attempt && attempts_ && t.runnable &&
                         header_->paused.load(std::memory_order_acquire) == 0 && !anyJoined();
   if (!awaitInstance(op.slot, t.instance)) return Outcome::kRegistered;
   if (try_lane) {
@@ -207,19 +200,23 @@ FastLane::Outcome FastLane::resolve(Entry& e, const Ticket& t, bool attempt) {
   return Outcome::kRegistered;
 }
 
-std::shared_ptr<const FastLane::Op> FastLane::take(const std::string& name, uint64_t* instance) {
+FastLane::Ticket FastLane::take(const std::string& name, const Request* q, bool runnable_only) {
+  Ticket t;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = table_.find(name);
-  if (it == table_.end()) return nullptr;
-  *instance = instances_[it->second->slot]++;
-  return it->second;
+  if (it == table_.end()) return t;
+  const Op& op = *it->second;
+  t.runnable = q != nullptr && op.eligible && *q == op.request;
+  if (runnable_only && !t.runnable) return t;
+  t.op = it->second;
+  t.instance = instances_[op.slot]++;
+  return t;
 }
 
 void FastLane::bystander(const std::string& name) {
   if (off()) return;
-  uint64_t instance = 0;
-  const std::shared_ptr<const Op> op = take(name, &instance);
-  if (op != nullptr && awaitInstance(op->slot, instance)) cancel(op->slot);
+  const Ticket t = take(name, nullptr, false);
+  if (t.op != nullptr && awaitInstance(t.op->slot, t.instance)) cancel(t.op->slot);
 }
 
 bool FastLane::arrive(const Op& op, Entry& e, int32_t slot, uint64_t instance) {

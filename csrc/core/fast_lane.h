@@ -73,6 +73,9 @@ class FastLane {
   struct Ticket {
     std::shared_ptr<const Op> op;  // null: the lane cannot run it (submit() it)
     uint64_t instance = 0;
+    // The op may take the lane and the entry's request is the one it learnt:
+    // resolve() may run it (else it only registers the instance).
+    bool runnable = false;
   };
   Ticket defer(const Entry& e);
   // Registers a deferred submission: runs it (`attempt`: its caller waits) or
@@ -116,9 +119,10 @@ class FastLane {
   Word& word(int32_t slot) const;
   Row& row(int rank) const;
   char* rowData(int rank) const;
-  // The name's slot and this rank's next instance of it, counted; null when
-  // the name has no slot.
-  std::shared_ptr<const Op> take(const std::string& name, uint64_t* instance);
+  // The name's slot and this rank's next instance of it, counted, and
+  // whether the lane may run `q` (null: no request) there; no op when the
+  // name has no slot. `runnable_only`: nothing counted unless it may.
+  Ticket take(const std::string& name, const Request* q, bool runnable_only);
   // Waits until the slot's word is at this rank's next instance; false (and
   // the lane turned off) when it never comes.
   bool awaitInstance(int32_t slot, uint64_t instance);
