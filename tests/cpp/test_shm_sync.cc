@@ -50,6 +50,7 @@ bool rankZeroSlept(std::chrono::microseconds spin, std::chrono::microseconds bud
   const auto give_up = std::chrono::steady_clock::now() + 10s;
   while (c->arrived()[0].value.load() == 0 && std::chrono::steady_clock::now() < give_up)
     std::this_thread::yield();
+  CHECK(c->arrived()[0].value.load() == 1);  // else "never slept" would say nothing
   bool slept = false;
   const auto until = std::chrono::steady_clock::now() + late;
   while (std::chrono::steady_clock::now() < until) {
