@@ -17,7 +17,7 @@ XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 # (`hvdrun -np 2 python ...`) and ranks start the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-fast bench bench-setup bench-scale synthetic clean distclean
+.PHONY: setup demo test test-fast bench bench-setup bench-scale core-link synthetic clean distclean
 
 setup:
 	bash scripts/setup.sh
@@ -69,6 +69,15 @@ bench-scale:
 	mkdir -p bench/results
 	bench/cpp/build/control_plane_scale $(SCALE_ARGS) --json bench/results/$(BENCH_STAMP)-control-plane.json
 	python bench/control_plane_plot.py bench/results/$(BENCH_STAMP)-control-plane.json
+
+# How fast two cores hand each other 256 KiB, with plain and with streaming
+# stores, window by window (bench/cpp/core_link.cc; no torch, about 10 s): on a
+# virtual machine the rates change while it runs, and with them the plane's
+# large ops (docs/architecture.md, "Where the cores sit").
+core-link:
+	$(MAKE) -C bench/cpp build/core_link
+	mkdir -p bench/results
+	bench/cpp/build/core_link --windows 40 --json bench/results/$(BENCH_STAMP)-core-link.json
 
 synthetic: setup
 	hvdrun -np $(NP) python examples/synthetic_benchmark.py

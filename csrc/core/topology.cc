@@ -108,6 +108,15 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.hierarchical_allreduce = envInt("HOROVOD_HIERARCHICAL_ALLREDUCE", 1) != 0;
   c.hierarchical_allgather = envInt("HOROVOD_HIERARCHICAL_ALLGATHER", 1) != 0;
   c.shm_slot_bytes = static_cast<size_t>(envInt("HVD_TORCH_SHM_SLOT_BYTES", 0));
+  const std::string slot_writes = envString("HVD_TORCH_SHM_STREAM", "auto");
+  if (slot_writes != "auto" && slot_writes != "0" && slot_writes != "1") {
+    throw std::invalid_argument("HVD_TORCH_SHM_STREAM=" + slot_writes +
+                                ": use 'auto' (measure both ways), 0 (plain stores) or 1 "
+                                "(streaming stores) for large ops' writes to shared memory");
+  }
+  c.shm_slot_writes = slot_writes == "auto" ? SlotWrites::kAuto
+                      : slot_writes == "1"  ? SlotWrites::kStreamed
+                                            : SlotWrites::kCached;
   c.timeline_path = envString("HOROVOD_TIMELINE", "");
   c.timeline_mark_cycles = envInt("HOROVOD_TIMELINE_MARK_CYCLES", 0) != 0;
   c.autotune = AutotuneConfig::fromEnvironment();

@@ -205,6 +205,60 @@ def test_bool_and_large_out_of_place(nranks):
     assert out == [expect] * nranks
 
 
+def _large_ops_each_way():
+    import torch
+
+    import hvd_torch as hvd
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    n = 300_001  # 1.2 MB of float32: past SlotWriteChooser::kChooseFrom, short last pieces
+    pattern = (torch.arange(n) % 1001).float()
+    x = pattern + rank
+    ranks_sum = sum(range(size))
+    # Three times each: with the default HVD_TORCH_SHM_STREAM=auto, an op kind's
+    # first six large ops write the segment with plain and streaming stores in
+    # turn (csrc/core/slot_writes.h), so each kind here goes both ways.
+    for i in range(3):
+        y = hvd.allreduce(x, op=hvd.Sum, name="l.ar")
+        assert torch.equal(y, pattern * size + ranks_sum), i
+        z = x.clone()
+        hvd.allreduce_(z, op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0, name="l.ari")
+        assert torch.equal(z, (pattern * size + ranks_sum) * 2.0), i
+        parts = [x[: n // 3], x[n // 3: n // 3 + 7], x[n // 3 + 7:]]
+        outs = hvd.grouped_allreduce(parts, op=hvd.Sum, name="l.grp")
+        assert torch.equal(torch.cat(outs), pattern * size + ranks_sum), i
+        rows = x[: (n // 1000) * 1000].reshape(-1, 1000)
+        rs = hvd.reducescatter(rows, op=hvd.Sum, name="l.rs")
+        total = (pattern * size + ranks_sum)[: rows.numel()].reshape(-1, 1000)
+        base, extra = divmod(total.shape[0], size)
+        start = rank * base + min(rank, extra)
+        assert torch.equal(rs, total[start:start + base + (rank < extra)]), i
+        g = hvd.allgather(x, name="l.ag")
+        assert torch.equal(g, torch.cat([pattern + r for r in range(size)])), i
+        b = hvd.broadcast(x, root_rank=size - 1, name="l.bc")
+        assert torch.equal(b, pattern + size - 1), i
+        c = x.clone()
+        hvd.broadcast_(c, root_rank=0, name="l.bci")
+        assert torch.equal(c, pattern), i
+        got = hvd.alltoall(x[: (n // size) * size], name="l.a2a")
+        piece = n // size
+        assert torch.equal(got, torch.cat([(pattern + s)[rank * piece:(rank + 1) * piece]
+                                           for s in range(size)])), i
+    return True
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_large_ops_write_the_segment_both_ways(nranks):
+    assert run_ranks(_large_ops_each_way, nranks, timeout=120) == [True] * nranks
+
+
+@pytest.mark.parametrize("way", ["0", "1"])
+def test_large_ops_with_the_way_of_writing_forced(way):
+    env = {"HVD_TORCH_SHM_STREAM": way}
+    assert run_ranks(_large_ops_each_way, 3, env=env, timeout=120) == [True] * 3
+
+
 def _backends_by_set(hosts, shm_off_rank):
     import torch
 

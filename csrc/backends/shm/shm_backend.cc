@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 #include <thread>
 
@@ -28,8 +30,9 @@ bool overlap(const void* a, size_t n, const void* b, size_t m) {
   return n > 0 && m > 0 && x < y + m && y < x + n;
 }
 
-// Copies a piece of a result into its output: cold memory in an op of
-// kStreamCopyFrom bytes or more (stream_copy.h).
+// memcpy, or through streaming stores: for a result going to cold memory
+// (outputs in an op of kStreamCopyFrom bytes or more, stream_copy.h), or for
+// the segment when its op's chooser says so (slot_writes.h).
 void copyOut(void* dst, const void* src, size_t n, bool stream) {
   if (stream) {
     streamCopy(dst, src, n);
@@ -37,6 +40,30 @@ void copyOut(void* dst, const void* src, size_t n, bool stream) {
     std::memcpy(dst, src, n);
   }
 }
+
+// One op's way of writing the segment (slot_writes.h), timed for its chooser
+// from here to the end of the op. An op that throws is not counted.
+class TimedWrites {
+ public:
+  TimedWrites(SlotWriteChooser& chooser, size_t bytes)
+      : chooser_(chooser), bytes_(bytes), stream_(chooser.streamNext(bytes)),
+        start_(std::chrono::steady_clock::now()) {}
+  ~TimedWrites() {
+    if (std::uncaught_exceptions() > 0) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now() - start_);
+    chooser_.record(bytes_, stream_, static_cast<uint64_t>(ns.count()));
+  }
+  TimedWrites(const TimedWrites&) = delete;
+  TimedWrites& operator=(const TimedWrites&) = delete;
+  bool stream() const { return stream_; }
+
+ private:
+  SlotWriteChooser& chooser_;
+  size_t bytes_;
+  bool stream_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 // The tensors of a fused op seen as one array: copies a range of it out of
 // the inputs or into the outputs.
@@ -53,9 +80,9 @@ class SpanList {
   }
   size_t total() const { return total_; }
 
-  void read(size_t first, size_t count, char* dst) const {
+  void read(size_t first, size_t count, char* dst, bool stream = false) const {
     walk(first, count, [&](const Backend::Span& s, size_t at, size_t n) {
-      std::memcpy(dst, static_cast<const char*>(s.in) + at * elem_, n * elem_);
+      copyOut(dst, static_cast<const char*>(s.in) + at * elem_, n * elem_, stream);
       dst += n * elem_;
     });
   }
@@ -125,7 +152,9 @@ ShmBackend::ShmBackend(ShmSegment segment, size_t slot_bytes, int rank,
       slot_bytes_(slot_bytes),
       rank_(rank),
       size_(static_cast<int>(pids.size())),
-      sync_(control_, rank, pids, ranks, config.engine_spin, config.op_timeout) {}
+      sync_(control_, rank, pids, ranks, config.engine_spin, config.op_timeout) {
+  for (auto& chooser : writes_) chooser = SlotWriteChooser(config.shm_slot_writes);
+}
 
 char* ShmBackend::slot(int buffer, int rank) const {
   return data_ + (static_cast<size_t>(buffer) * (size_ + 1) + rank) * slot_bytes_;
@@ -148,6 +177,8 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
   const size_t longest = partOf(list.total(), size_, 0).count;
   // An output other than its input was not read this round: cold, past the caches.
   const bool stream = list.total() * elem >= kStreamCopyFrom;
+  TimedWrites writes(writes_[kAllreduceWrites], list.total() * elem);
+  const bool fill_stream = writes.stream();
   // Unscaled, this rank's own part goes from its input to the reduction
   // without a copy into its slot: only the others read the slot.
   const bool own_direct = prescale == 1.0;
@@ -159,14 +190,15 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
       if (done >= p.count || (r == rank_ && own_direct)) continue;
       char* dst = in + r * piece * elem;
       const size_t n = std::min(piece, p.count - done);
-      list.read(p.first + done, n, dst);
+      list.read(p.first + done, n, dst, fill_stream);
       scaleBuffer(dst, n, dtype, prescale);
     }
     sync_.barrier("allreduce");
     if (done < mine.count) {
       const size_t n = std::min(piece, mine.count - done);
       const size_t at = rank_ * piece * elem;
-      char* acc = result(b) + at;
+      if (fill_stream && scratch_.size() < piece * elem) scratch_.resize(piece * elem);
+      char* acc = fill_stream ? scratch_.data() : result(b) + at;
       // Every rank sums in rank order, so results are identical everywhere.
       const auto sum = [&](size_t off, size_t m, const char* own) {
         const auto from = [&](int s) { return s == rank_ ? own : slot(b, s) + at + off * elem; };
@@ -181,6 +213,7 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
         sum(0, n, in + at);
       }
       scaleBuffer(acc, n, dtype, postscale);
+      if (fill_stream) streamCopy(result(b) + at, acc, n * elem);
     }
     sync_.barrier("allreduce");
     for (int r = 0; r < size_; ++r) {
@@ -202,13 +235,14 @@ bool ShmBackend::reducescatter(const void* in, void* out, const std::vector<size
   for (int r = 1; r < size_; ++r) first[r] = first[r - 1] + counts[r - 1];
   const size_t longest = *std::max_element(counts.begin(), counts.end());
   const char* src = static_cast<const char*>(in);
+  TimedWrites writes(writes_[kReducescatterWrites], (first[size_ - 1] + counts[size_ - 1]) * elem);
   for (size_t done = 0; done < longest; done += piece) {
     const int b = nextBuffer();
     for (int r = 0; r < size_; ++r) {
       if (done >= counts[r]) continue;
       char* dst = slot(b, rank_) + r * piece * elem;
       const size_t n = std::min(piece, counts[r] - done);
-      std::memcpy(dst, src + (first[r] + done) * elem, n * elem);
+      copyOut(dst, src + (first[r] + done) * elem, n * elem, writes.stream());
       scaleBuffer(dst, n, dtype, prescale);
     }
     // One barrier a round: the next write to this buffer comes two rounds
@@ -245,9 +279,11 @@ void ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_t>
   const size_t longest = *std::max_element(counts.begin(), counts.end()) * elem;
   const char* src = moved ? own : static_cast<const char*>(in);
   const bool stream = total >= kStreamCopyFrom;
+  TimedWrites writes(writes_[kAllgatherWrites], total);
   for (size_t done = 0; done < longest; done += slot_bytes_) {
     const int b = nextBuffer();
-    if (done < mine) std::memcpy(slot(b, rank_), src + done, std::min(slot_bytes_, mine - done));
+    if (done < mine)
+      copyOut(slot(b, rank_), src + done, std::min(slot_bytes_, mine - done), writes.stream());
     sync_.barrier("allgather");
     for (int r = 0; r < size_; ++r) {
       const size_t bytes = counts[r] * elem;
@@ -269,15 +305,17 @@ bool ShmBackend::broadcastInto(const void* in, void* out, size_t count, DataType
   const size_t chunk = (size_ + 1) * slot_bytes_;
   // A large broadcast's destination was not read this round: cold, past the caches.
   const bool stream = bytes >= kStreamCopyFrom;
+  TimedWrites writes(writes_[kBroadcastWrites], bytes);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   for (size_t done = 0; done < bytes; done += chunk) {
     const int b = nextBuffer();
     const size_t n = std::min(chunk, bytes - done);
-    if (rank_ == root) std::memcpy(slot(b, 0), src + done, n);
+    if (rank_ == root) copyOut(slot(b, 0), src + done, n, writes.stream());
     sync_.barrier("broadcast");
     // Out of place, the root copies its chunk while the others copy theirs
-    // out of the segment (from its cache, where the chunk just went).
+    // out of the segment (from its cache, where the chunk just went, unless
+    // it was streamed).
     if (rank_ == root && dst == src) continue;
     copyOut(dst + done, slot(b, 0), n, stream);
   }
@@ -316,13 +354,15 @@ void ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send_coun
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   const bool stream = recv_first[size_ - 1] + recv_counts[size_ - 1] * elem >= kStreamCopyFrom;
+  // `longest` is the same on every rank: each chooser sees the same ops.
+  TimedWrites writes(writes_[kAlltoallWrites], longest * size_);
   for (size_t done = 0; done < longest; done += piece) {
     const int b = nextBuffer();
     for (int d = 0; d < size_; ++d) {
       const size_t bytes = send_counts[d] * elem;
       if (d != rank_ && done < bytes) {
-        std::memcpy(slot(b, rank_) + place(d, rank_) * piece, src + send_first[d] + done,
-                    std::min(piece, bytes - done));
+        copyOut(slot(b, rank_) + place(d, rank_) * piece, src + send_first[d] + done,
+                std::min(piece, bytes - done), writes.stream());
       }
     }
     sync_.barrier("alltoall");

@@ -19,10 +19,12 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "../../core/backend.h"
 #include "../../core/shm_segment.h"
 #include "shm_sync.h"
+#include "../../core/slot_writes.h"
 
 namespace hvd {
 
@@ -63,6 +65,11 @@ class ShmBackend : public Backend {
   ShmControl* control_;
   char* data_;
   size_t slot_bytes_;
+  // Each op kind's way of writing the segment (slot_writes.h).
+  enum { kAllreduceWrites, kReducescatterWrites, kAllgatherWrites, kBroadcastWrites,
+         kAlltoallWrites, kWriteKinds };
+  SlotWriteChooser writes_[kWriteKinds];
+  std::vector<char> scratch_;  // a streamed allreduce's sums, before they go to the segment
   int rank_;
   int size_;
   ShmSync sync_;
