@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import signal
 
 
 def main() -> None:
@@ -48,4 +49,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # Piped into `head`: stop quietly when the reader goes, as other tools do.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     main()
