@@ -1,17 +1,17 @@
-// How a large op of the shared-memory plane (backends/shm) writes its segment: with plain
-// stores, so that the peers read the lines from the writer's cache, or with
-// streaming stores, so that they read them from memory.
+// How a large op of the shared-memory plane (backends/shm) writes its
+// segment: with plain stores, so that the peers read the lines from the
+// writer's cache, or with streaming stores, so that they read them from memory.
 //
 // Which is faster depends on where the ranks' cores sit, and on a virtual
-// machine that changes while a job runs. On this project's 2-core VM, the
-// cache-to-cache rate between the two cores switches every few seconds
-// between about 25, 8 and 2 GB/s, while memory stays near 12 GB/s (a 256 KiB
-// ping-pong in C, no hvd-torch: docs/architecture.md, "Where the cores
-// sit"). A 1 MiB allreduce took 140 us with plain stores and 200 streamed in
-// the fast phases, 505 and 200 in the slow ones; a 4 MiB allreduce 520 and 850
-// in the fast ones. So each op kind measures both ways and keeps the faster,
-// trying the other one op in kExplorePeriod, the cost of each way being the
-// median of its last three ops.
+// machine that changes while a job runs. On this project's 2-core VM the
+// rate at which one core reads what the other just wrote moves every few
+// seconds between about 24, 8 and 2 GB/s, while through memory it stays near
+// 10 GB/s (make core-link; docs/architecture.md, "Where the cores sit"). A 1
+// MiB allreduce took 140 us with plain stores and 200 streamed in the middle
+// phase, 505 and 200 in the far one; a 4 MiB allreduce 520 and 850 in the
+// middle one. So each op kind measures both ways and keeps the faster, trying
+// the other one op in kExplorePeriod; a way's cost is the median of its last
+// three ops.
 #pragma once
 
 #include <cstddef>
