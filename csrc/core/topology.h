@@ -88,8 +88,8 @@ struct EngineConfig {
   bool hierarchical_allreduce = true;  // HOROVOD_HIERARCHICAL_ALLREDUCE (shm inside hosts)
   bool hierarchical_allgather = true;  // HOROVOD_HIERARCHICAL_ALLGATHER
   size_t shm_slot_bytes = 0;           // HVD_TORCH_SHM_SLOT_BYTES (0: the plane's choice)
-  // How large shm ops write the segment (backends/shm/slot_writes.h); any
-  // rank's own choice: HVD_TORCH_SHM_STREAM = auto, 0 (plain) or 1 (streamed).
+  // How large shm ops write the segment (slot_writes.h), each rank's own
+  // choice: HVD_TORCH_SHM_STREAM = auto, 0 (plain) or 1 (streamed).
   SlotWrites shm_slot_writes = SlotWrites::kAuto;
   // Rank 0's observers.
   std::string timeline_path;           // HOROVOD_TIMELINE ("DYNAMIC": start_timeline())

@@ -83,6 +83,19 @@ def attempt(fn):
         return type(e).__name__, str(e), time.monotonic() - start
 
 
+def init_refusal():
+    """A rank function: what hvd.init() raised on this rank ("Class: message"), or
+    None after a clean init and shutdown (a setting init must refuse, by name)."""
+    import hvd_torch as hvd
+
+    try:
+        hvd.init()
+    except Exception as e:  # noqa: BLE001  (the message is the point)
+        return f"{type(e).__name__}: {e}"
+    hvd.shutdown()
+    return None
+
+
 def shm_segments() -> set[str]:
     """hvd-torch's names in /dev/shm now."""
     return {f for f in os.listdir("/dev/shm") if f.startswith("hvd_torch.")}

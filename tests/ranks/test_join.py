@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dist_harness import launch_once, run_ranks  # noqa: E402
+from dist_harness import init_refusal, launch_once, run_ranks  # noqa: E402
 
 
 def _steps(rank):
@@ -134,17 +134,6 @@ def test_join_average_rule_is_horovods_unless_asked(nranks, rule):
             assert got == pytest.approx([want, want]), (r, s)
 
 
-def _init_only():
-    import hvd_torch as hvd
-
-    try:
-        hvd.init()
-    except Exception as e:  # noqa: BLE001  (the message is the point)
-        return f"{type(e).__name__}: {e}"
-    hvd.shutdown()
-    return None
-
-
 def test_an_unknown_join_average_rule_is_refused_at_init():
-    for msg in run_ranks(_init_only, 2, timeout=60, env={"HVD_TORCH_JOIN_AVERAGE": "mean"}):
+    for msg in run_ranks(init_refusal, 2, timeout=60, env={"HVD_TORCH_JOIN_AVERAGE": "mean"}):
         assert msg and "HVD_TORCH_JOIN_AVERAGE=mean" in msg and "'contributors'" in msg

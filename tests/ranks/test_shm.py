@@ -11,7 +11,8 @@ import signal
 
 import pytest
 
-from dist_harness import attempt, leaked_shm_segments, run_ranks, shm_segments
+from dist_harness import (attempt, init_refusal, leaked_shm_segments, run_ranks,
+                          shm_segments)
 
 # Small slots: a few KiB tensors take several rounds, with uneven last pieces.
 SMALL_SLOTS = {"HVD_TORCH_SHM_SLOT_BYTES": "1024", "HVD_TORCH_INLINE_THRESHOLD": "0"}
@@ -257,6 +258,11 @@ def test_large_ops_write_the_segment_both_ways(nranks):
 def test_large_ops_with_the_way_of_writing_forced(way):
     env = {"HVD_TORCH_SHM_STREAM": way}
     assert run_ranks(_large_ops_each_way, 3, env=env, timeout=120) == [True] * 3
+
+
+def test_an_unknown_way_of_writing_is_refused_at_init():
+    for msg in run_ranks(init_refusal, 2, timeout=60, env={"HVD_TORCH_SHM_STREAM": "yes"}):
+        assert msg and "HVD_TORCH_SHM_STREAM=yes" in msg and "'auto'" in msg, msg
 
 
 def _backends_by_set(hosts, shm_off_rank):

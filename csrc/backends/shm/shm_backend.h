@@ -23,8 +23,8 @@
 
 #include "../../core/backend.h"
 #include "../../core/shm_segment.h"
-#include "shm_sync.h"
 #include "../../core/slot_writes.h"
+#include "shm_sync.h"
 
 namespace hvd {
 
