@@ -17,7 +17,7 @@ bool SlotWriteChooser::streamNext(size_t bytes) {
 }
 
 void SlotWriteChooser::record(size_t bytes, bool streamed, uint64_t ns) {
-  if (bytes < kChooseFrom || policy_ != SlotWrites::kAuto) return;
+  if (!measures(bytes)) return;
   // The first op each way pays one-time costs (pages of the segment and the
   // outputs faulted in): it is not kept.
   if (samples_[streamed]++ == 0) return;

@@ -34,6 +34,10 @@ class SlotWriteChooser {
   // Every rank sees the same sequence of ops, so the ops that try the other
   // way are the same ops everywhere.
   bool streamNext(size_t bytes);
+  // Whether an op of `bytes` is timed for record(): only ops that choose.
+  bool measures(size_t bytes) const {
+    return policy_ == SlotWrites::kAuto && bytes >= kChooseFrom;
+  }
   // The op that streamNext(bytes) just chose took `ns` nanoseconds.
   void record(size_t bytes, bool streamed, uint64_t ns);
 

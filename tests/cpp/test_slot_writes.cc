@@ -88,6 +88,8 @@ TEST(follows_a_change_of_phase_within_a_few_ops) {
 TEST(small_ops_never_stream_nor_count) {
   SlotWriteChooser c;
   const size_t small = SlotWriteChooser::kChooseFrom - 1;
+  CHECK(!c.measures(small));
+  CHECK(c.measures(kBig));
   for (int i = 0; i < 100; ++i) {
     CHECK(!c.streamNext(small));
     c.record(small, false, 1000);
@@ -110,6 +112,7 @@ TEST(a_fixed_way_is_kept_and_never_measured) {
   CHECK_EQ(runOps(cached, 50, 9.0, 1.0), 0);
   CHECK_EQ(streamed.cost(true), 0.0);
   CHECK_EQ(cached.cost(false), 0.0);
+  CHECK(!streamed.measures(kBig) && !cached.measures(kBig));
   // Small ops use plain stores whatever the policy.
   CHECK(!streamed.streamNext(SlotWriteChooser::kChooseFrom / 2));
 }

@@ -42,14 +42,17 @@ void copyOut(void* dst, const void* src, size_t n, bool stream) {
 }
 
 // One op's way of writing the segment (slot_writes.h), timed for its chooser
-// from here to the end of the op. An op that throws is not counted.
+// from here to the end of the op when it chose (the clock is not read for
+// the others). An op that throws is not counted.
 class TimedWrites {
  public:
   TimedWrites(SlotWriteChooser& chooser, size_t bytes)
       : chooser_(chooser), bytes_(bytes), stream_(chooser.streamNext(bytes)),
-        start_(std::chrono::steady_clock::now()) {}
+        timed_(chooser.measures(bytes)),
+        start_(timed_ ? std::chrono::steady_clock::now()
+                      : std::chrono::steady_clock::time_point{}) {}
   ~TimedWrites() {
-    if (std::uncaught_exceptions() > 0) return;
+    if (!timed_ || std::uncaught_exceptions() > 0) return;
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::steady_clock::now() - start_);
     chooser_.record(bytes_, stream_, static_cast<uint64_t>(ns.count()));
@@ -62,6 +65,7 @@ class TimedWrites {
   SlotWriteChooser& chooser_;
   size_t bytes_;
   bool stream_;
+  bool timed_;
   std::chrono::steady_clock::time_point start_;
 };
 
