@@ -33,7 +33,7 @@ bool overlap(const void* a, size_t n, const void* b, size_t m) {
 // memcpy, or through streaming stores: for a result going to cold memory
 // (outputs in an op of kStreamCopyFrom bytes or more, stream_copy.h), or for
 // the segment when its op's chooser says so (slot_writes.h).
-void copyOut(void* dst, const void* src, size_t n, bool stream) {
+void copyBytes(void* dst, const void* src, size_t n, bool stream) {
   if (stream) {
     streamCopy(dst, src, n);
   } else {
@@ -84,9 +84,9 @@ class SpanList {
   }
   size_t total() const { return total_; }
 
-  void read(size_t first, size_t count, char* dst, bool stream = false) const {
+  void read(size_t first, size_t count, char* dst, bool stream) const {
     walk(first, count, [&](const Backend::Span& s, size_t at, size_t n) {
-      copyOut(dst, static_cast<const char*>(s.in) + at * elem_, n * elem_, stream);
+      copyBytes(dst, static_cast<const char*>(s.in) + at * elem_, n * elem_, stream);
       dst += n * elem_;
     });
   }
@@ -103,7 +103,7 @@ class SpanList {
   // `stream`: a large op, whose outputs other than its inputs are cold.
   void write(size_t first, size_t count, const char* src, bool stream) const {
     walk(first, count, [&](const Backend::Span& s, size_t at, size_t n) {
-      copyOut(static_cast<char*>(s.out) + at * elem_, src, n * elem_, stream && s.out != s.in);
+      copyBytes(static_cast<char*>(s.out) + at * elem_, src, n * elem_, stream && s.out != s.in);
       src += n * elem_;
     });
   }
@@ -246,7 +246,7 @@ bool ShmBackend::reducescatter(const void* in, void* out, const std::vector<size
       if (done >= counts[r]) continue;
       char* dst = slot(b, rank_) + r * piece * elem;
       const size_t n = std::min(piece, counts[r] - done);
-      copyOut(dst, src + (first[r] + done) * elem, n * elem, writes.stream());
+      copyBytes(dst, src + (first[r] + done) * elem, n * elem, writes.stream());
       scaleBuffer(dst, n, dtype, prescale);
     }
     // One barrier a round: the next write to this buffer comes two rounds
@@ -287,12 +287,12 @@ void ShmBackend::allgatherv(const void* in, void* out, const std::vector<size_t>
   for (size_t done = 0; done < longest; done += slot_bytes_) {
     const int b = nextBuffer();
     if (done < mine)
-      copyOut(slot(b, rank_), src + done, std::min(slot_bytes_, mine - done), writes.stream());
+      copyBytes(slot(b, rank_), src + done, std::min(slot_bytes_, mine - done), writes.stream());
     sync_.barrier("allgather");
     for (int r = 0; r < size_; ++r) {
       const size_t bytes = counts[r] * elem;
       if ((r == rank_ && !own_rounds) || done >= bytes) continue;
-      copyOut(dst + first[r] * elem + done, slot(b, r), std::min(slot_bytes_, bytes - done),
+      copyBytes(dst + first[r] * elem + done, slot(b, r), std::min(slot_bytes_, bytes - done),
               stream);
     }
   }
@@ -315,13 +315,13 @@ bool ShmBackend::broadcastInto(const void* in, void* out, size_t count, DataType
   for (size_t done = 0; done < bytes; done += chunk) {
     const int b = nextBuffer();
     const size_t n = std::min(chunk, bytes - done);
-    if (rank_ == root) copyOut(slot(b, 0), src + done, n, writes.stream());
+    if (rank_ == root) copyBytes(slot(b, 0), src + done, n, writes.stream());
     sync_.barrier("broadcast");
     // Out of place, the root copies its chunk while the others copy theirs
     // out of the segment (from its cache, where the chunk just went, unless
     // it was streamed).
     if (rank_ == root && dst == src) continue;
-    copyOut(dst + done, slot(b, 0), n, stream);
+    copyBytes(dst + done, slot(b, 0), n, stream);
   }
   return true;
 }
@@ -365,7 +365,7 @@ void ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send_coun
     for (int d = 0; d < size_; ++d) {
       const size_t bytes = send_counts[d] * elem;
       if (d != rank_ && done < bytes) {
-        copyOut(slot(b, rank_) + place(d, rank_) * piece, src + send_first[d] + done,
+        copyBytes(slot(b, rank_) + place(d, rank_) * piece, src + send_first[d] + done,
                 std::min(piece, bytes - done), writes.stream());
       }
     }
@@ -375,7 +375,7 @@ void ShmBackend::alltoallv(const void* in, const std::vector<int64_t>& send_coun
       if (done >= bytes) continue;
       const char* from =
           s == rank_ ? src + send_first[s] + done : slot(b, s) + place(rank_, s) * piece;
-      copyOut(dst + recv_first[s] + done, from, std::min(piece, bytes - done), stream);
+      copyBytes(dst + recv_first[s] + done, from, std::min(piece, bytes - done), stream);
     }
   }
 }
