@@ -41,7 +41,8 @@ VARIABLES = {
     IFACE: "--network-interface's default: the NIC for the store, the control plane and Gloo",
     SECRET: "per-node mode: the job's secret (hex, 16+ bytes), the same on every node, "
             "unless --rdzv-secret-file",
-    SSH_STRICT: "1: ssh checks remote host keys (by default it does not, as horovodrun)",
+    SSH_STRICT: "ssh's host key check: unset, accept-new (a new host's key is recorded, a "
+                "changed key refused); 1, only keys already known; 0, none (horovodrun's)",
     ELASTIC_LOCAL: "1: elastic mode starts every discovered host's workers on this machine",
     STORE_BIND: "per-node mode: the address node 0's store listens on (0.0.0.0: every one); "
                 "default --network-interface's, else the endpoint's",
@@ -108,9 +109,15 @@ class Launch(Snapshot):
     ssh_strict: str | None = variable(VARIABLES, SSH_STRICT)
     elastic_local: str | None = variable(VARIABLES, ELASTIC_LOCAL)
 
-    @property
-    def strict_host_keys(self) -> bool:
-        return self.ssh_strict == "1"
+    def host_key_checking(self) -> str:
+        """ssh's StrictHostKeyChecking for HVD_TORCH_SSH_STRICT; ValueError for a
+        value that is none of unset, 1 and 0."""
+        text = (self.ssh_strict or "").strip()
+        policy = {"": "accept-new", "1": "yes", "0": "no"}.get(text)
+        if policy is None:
+            raise ValueError(f"{SSH_STRICT} must be 1 (only known host keys), 0 (no check) "
+                             f"or unset (accept new hosts, refuse changed keys), got {text!r}")
+        return policy
 
     @property
     def local_labels(self) -> bool:

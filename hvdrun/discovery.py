@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import subprocess
 
+from .hosts import checked_host_name
+
 __all__ = ["DiscoveryError", "FixedHosts", "HostDiscoveryScript", "parse_hosts"]
 
 
@@ -41,7 +43,7 @@ def parse_hosts(text: str, slots_per_host: int | None, separator: str = "\n") ->
                 raise DiscoveryError(f"bad slot count in {entry!r}")
         if not host:
             raise DiscoveryError(f"no host name in {entry!r}")
-        hosts[host] = slots
+        hosts[checked_host_name(host, "host discovery", DiscoveryError)] = slots
     return hosts
 
 

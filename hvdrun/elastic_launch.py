@@ -183,9 +183,12 @@ def _store_bind(discovery, iface: str | None) -> tuple[str, str]:
     if not remote and isinstance(discovery, FixedHosts):
         return "127.0.0.1", "127.0.0.1"  # -H names every host there will be
     if not remote:
-        # Listen everywhere: a discovery script may add remote hosts later.
+        # Listen everywhere: a discovery script may add remote hosts later, on a
+        # route not known yet (--network-interface names it instead).
         return "0.0.0.0", "127.0.0.1"
-    return "0.0.0.0", route_source_address(remote[0])
+    # As static mode: the address this machine reaches the first remote host from.
+    address = route_source_address(remote[0])
+    return address, address
 
 
 def run_elastic(opts) -> int:

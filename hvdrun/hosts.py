@@ -11,11 +11,21 @@ the host's index among the hosts that got ranks.
 from __future__ import annotations
 
 import dataclasses
+import re
 import socket
 
 from .args import UsageError, positive_int
 
-__all__ = ["Placement", "is_local_host", "parse_host_list", "parse_hostfile", "place_ranks"]
+__all__ = [
+    "Placement", "checked_host_name", "is_local_host", "parse_host_list", "parse_hostfile",
+    "place_ranks",
+]  # fmt: skip
+
+# What a host may be called where it reaches ssh's command line: a DNS name or
+# label, or an IPv4 address. Nothing that starts with '-' (ssh would take it for
+# an option: `-oProxyCommand=...` runs a command), no '@', space, quote or shell
+# character. 253 is DNS's longest name.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +49,7 @@ def parse_host_list(text: str) -> list[tuple[str, int]]:
         host, colon, slots = entry.rpartition(":") if ":" in entry else (entry, "", "1")
         if not host:
             raise UsageError(f"-H/--hosts: no host name in {entry!r}")
+        host = checked_host_name(host, "-H/--hosts", UsageError)
         hosts.append((host, positive_int(f"-H/--hosts slots for {host}", slots)))
     return _merged(hosts, "-H/--hosts")
 
@@ -65,10 +76,22 @@ def parse_hostfile(path: str) -> list[tuple[str, int]]:
                     f"got {raw.strip()!r}"
                 )
             slots = positive_int(f"--hostfile {path}, line {number}: slots", value)
-        hosts.append((fields[0], slots))
+        hosts.append((checked_host_name(fields[0], f"--hostfile {path}, line {number}",
+                                        UsageError), slots))
     if not hosts:
         raise UsageError(f"--hostfile {path} names no host")
     return _merged(hosts, f"--hostfile {path}")
+
+
+def checked_host_name(host: str, where: str, error: type[Exception] = ValueError) -> str:
+    """host, if it is a name ssh can take as a destination and never as an option;
+    else error naming where it came from."""
+    if not _HOST_NAME.fullmatch(host):
+        raise error(
+            f"{where}: {host!r} is not a host name (letters, digits, '.', '-' and '_', "
+            "not starting with '-'; at most 253 characters)"
+        )
+    return host
 
 
 def _merged(hosts: list[tuple[str, int]], where: str) -> list[tuple[str, int]]:

@@ -44,6 +44,8 @@ usage: {PROG} -np N [-H HOSTS | --hostfile F] [options] command [args...]
   --hostfile F            hosts from a file, one `host slots=N` line each (also -hostfile)
   -p, --ssh-port PORT     ssh port of the remote hosts
   -i, --ssh-identity-file F  ssh private key for the remote hosts
+  --ssh-known-hosts-file F  the known_hosts file ssh checks and records host keys in
+                          (default ssh's own; HVD_TORCH_SSH_STRICT sets the check)
   --network-interface IF  the NIC for the store, the control plane and Gloo
                           (also HOROVOD_GLOO_IFACE; the same name on every host);
                           --network-interfaces is the same, with one name
@@ -124,6 +126,7 @@ _VALUED = {
     "--ssh-port": "ssh_port",
     "-i": "ssh_identity_file",
     "--ssh-identity-file": "ssh_identity_file",
+    "--ssh-known-hosts-file": "ssh_known_hosts_file",
     "--network-interface": "iface",
     "--network-interfaces": "iface",
     "--start-timeout": "start_timeout",
@@ -224,9 +227,14 @@ def parse_args(argv: list[str], environ=None) -> Options | None:
     opts.ssh = SshSettings(
         port=positive_int("--ssh-port", values["ssh_port"]) if "ssh_port" in values else None,
         identity_file=values.get("ssh_identity_file"),
+        known_hosts_file=values.get("ssh_known_hosts_file"),
         connect_timeout=min(10.0, opts.start_timeout or 10.0),
     )
     launch = config.Launch.from_environment(environ)
+    try:
+        launch.host_key_checking()  # refused here, before any host is reached
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     opts.iface = _interface(values.get("iface") or launch.iface or None)
     for item in repeated.get("env", []):
         key, eq, value = item.partition("=")

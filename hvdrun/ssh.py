@@ -27,6 +27,7 @@ import subprocess
 import time
 
 from .config import Launch
+from .hosts import checked_host_name
 
 __all__ = ["SSH_FAILED", "SshSettings", "check_reachable", "remote_command"]
 
@@ -38,9 +39,14 @@ _STOP_GRACE = 3  # seconds the wrapper waits between TERM and KILL
 class SshSettings:
     port: int | None = None  # --ssh-port
     identity_file: str | None = None  # --ssh-identity-file
+    known_hosts_file: str | None = None  # --ssh-known-hosts-file (default ssh's own)
     connect_timeout: float = 10.0  # per connection attempt
 
     def base_command(self, host: str) -> list[str]:
+        """ssh's argv up to and with the destination; the remote command follows.
+        Every name is checked here too, whichever list it came from, and `--` ends
+        ssh's options before it, so no host name can become an option."""
+        checked_host_name(host, "ssh")
         cmd = [
             "ssh", "-T",
             "-o", "BatchMode=yes",  # never prompt: a password prompt would hang the job
@@ -49,15 +55,20 @@ class SshSettings:
             "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
             "-o", "LogLevel=ERROR",
         ]  # fmt: skip
-        if not Launch.from_environment().strict_host_keys:
-            # horovodrun's default (unless HVD_TORCH_SSH_STRICT=1): cluster nodes come and go,
-            # their keys with them.
-            cmd += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+        # accept-new by default: the whole environment, tokens included, goes over
+        # this channel, so a host whose key changed is refused; a new host's key is
+        # recorded on first use. HVD_TORCH_SSH_STRICT=0 is horovodrun's "no check".
+        policy = Launch.from_environment().host_key_checking()
+        cmd += ["-o", f"StrictHostKeyChecking={policy}"]
+        if policy == "no":
+            cmd += ["-o", "UserKnownHostsFile=/dev/null"]
+        elif self.known_hosts_file is not None:
+            cmd += ["-o", f"UserKnownHostsFile={self.known_hosts_file}"]
         if self.port is not None:
             cmd += ["-p", str(self.port)]
         if self.identity_file is not None:
             cmd += ["-i", self.identity_file]
-        return cmd + [host]
+        return cmd + ["--", host]
 
 
 def env_payload(env: dict[str, str], end: str) -> bytes:

@@ -75,6 +75,7 @@ class NetnsHosts:
         self.key = self.workdir / "client_key"
         self.ssh_port = ssh_port
         self._sshd: dict[str, subprocess.Popen] = {}
+        self._host_keys: dict[str, Path] = {}  # a host's own key, after change_host_key()
         self._lock_file = None
 
     # ---------------------------------------------------------------- addresses
@@ -88,9 +89,16 @@ class NetnsHosts:
     def launcher_address(self, network: str = "hvdt0") -> str:
         return f"{NETWORKS[network]}.1"
 
+    @property
+    def known_hosts(self) -> Path:
+        """The known_hosts file hvdrun checks these hosts' keys in (each set of hosts
+        has new keys, so the user's own file is never touched)."""
+        return self.workdir / "known_hosts"
+
     def hvdrun_ssh_args(self) -> list[str]:
         port = [] if self.ssh_port == 22 else ["--ssh-port", str(self.ssh_port)]
-        return ["--ssh-identity-file", str(self.key), *port]
+        return ["--ssh-identity-file", str(self.key),
+                "--ssh-known-hosts-file", str(self.known_hosts), *port]  # fmt: skip
 
     def pids(self, name: str) -> list[int]:
         """Processes running in the host's namespace, its sshd excluded."""
@@ -147,6 +155,16 @@ class NetnsHosts:
         proc.kill()
         proc.wait(timeout=10)
 
+    def change_host_key(self, name: str) -> None:
+        """Restarts the host's sshd with a new host key, as a machine that was
+        reinstalled, or one that an impostor answers for, would present."""
+        key = self.workdir / f"host_key_{name}_{len(self._host_keys)}"
+        _keygen(key)
+        self._host_keys[name] = key
+        self.stop_sshd(name)
+        self._start_sshd(name)
+        self._wait_for_ssh(name)
+
     # ---------------------------------------------------------------- set-up
 
     def _make_networks(self) -> None:
@@ -173,10 +191,7 @@ class NetnsHosts:
     def _make_keys(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for key in (self.key, self.workdir / "host_key"):
-            subprocess.run(
-                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
-                check=True, capture_output=True, timeout=30,
-            )  # fmt: skip
+            _keygen(key)
         (self.workdir / "authorized_keys").write_text(
             (self.workdir / "client_key.pub").read_text()
         )
@@ -190,7 +205,7 @@ class NetnsHosts:
                 f"ListenAddress {self.address(name)}",
                 *(f"ListenAddress {self.address(name, n)}" for n in self.networks[1:]),
                 f"Port {self.ssh_port}",
-                f"HostKey {self.workdir / 'host_key'}",
+                f"HostKey {self._host_keys.get(name, self.workdir / 'host_key')}",
                 f"AuthorizedKeysFile {self.workdir / 'authorized_keys'}",
                 "PermitRootLogin prohibit-password",
                 "PasswordAuthentication no",
@@ -228,6 +243,13 @@ class NetnsHosts:
                 raise RuntimeError(f"sshd in {self.namespace(name)} not answering: "
                                    f"{probe.stderr.strip()} / sshd log: {log}")  # fmt: skip
             time.sleep(0.2)
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
 
 
 def _remove_stale() -> None:

@@ -251,3 +251,19 @@ def test_the_ray_driver_loads_neither_torch_nor_hvd_torch(tmp_path):
     )  # fmt: skip
     assert check.returncode == 0, check.stderr
     assert check.stdout.strip() == "[]", check
+
+
+@pytest.mark.unit
+def test_elastic_store_binds_what_static_mode_binds():
+    """With a remote host the elastic store listens on the one address this machine
+    reaches it from, as static mode's does, not on every interface (issue #44);
+    only a discovery script with no remote host yet leaves it on 0.0.0.0."""
+    from hvdrun.discovery import FixedHosts
+    from hvdrun.elastic_launch import _store_bind
+    from hvdrun.network import route_source_address
+
+    towards = route_source_address("127.0.0.2")  # a name that is not this machine's
+    assert _store_bind(FixedHosts({"127.0.0.2": 2}), None) == (towards, towards)
+    assert _store_bind(lambda: {"localhost": 1, "127.0.0.2": 1}, None) == (towards, towards)
+    assert _store_bind(FixedHosts({"localhost": 2}), None) == ("127.0.0.1", "127.0.0.1")
+    assert _store_bind(lambda: {"localhost": 2}, None) == ("0.0.0.0", "127.0.0.1")

@@ -187,9 +187,9 @@ def test_logging_and_gpu_values():
 
 
 def test_the_launchers_values():
-    launch = launcher_config.Launch.from_environment({"HVD_TORCH_SSH_STRICT": "yes"})
-    assert not launch.strict_host_keys
-    assert launcher_config.Launch(ssh_strict="1").strict_host_keys
+    launch = launcher_config.Launch.from_environment({"HVD_TORCH_SSH_STRICT": " 1 "})
+    assert launch.host_key_checking() == "yes"
+    assert launcher_config.Launch().host_key_checking() == "accept-new"
     slurm = launcher_config.Slurm.from_environment(
         {"SLURM_PROCID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2", "SLURM_JOB_ID": ""})
     assert slurm.in_job_step and slurm.nodes == "2" and slurm.job_number() == 0
@@ -211,6 +211,6 @@ def test_the_launchers_values():
 def test_ssh_reads_strict_host_keys_per_connection(monkeypatch):
     monkeypatch.delenv("HVD_TORCH_SSH_STRICT", raising=False)
     settings = SshSettings()
+    assert "StrictHostKeyChecking=accept-new" in settings.base_command("h")
+    monkeypatch.setenv("HVD_TORCH_SSH_STRICT", "0")
     assert "StrictHostKeyChecking=no" in settings.base_command("h")
-    monkeypatch.setenv("HVD_TORCH_SSH_STRICT", "1")
-    assert "StrictHostKeyChecking=no" not in settings.base_command("h")
