@@ -57,6 +57,8 @@ VARIABLES = {
     "TORCHELASTIC_RESTART_COUNT": "torchrun's restart attempt: hvd's key prefix in its "
                                   "agent store",
     "HOROVOD_START_TIMEOUT": "rendezvous deadline at init(), seconds (default 30)",
+    "HVD_TORCH_SECRET": "the job's secret (hex, 16+ bytes), the same on every rank: under "
+                        "torchrun or init_process_group('hvd') across hosts, required",
     # An elastic worker's conversation with its driver (elastic/worker_rendezvous.py).
     "HOROVOD_GLOO_RENDEZVOUS_ADDR": "rendezvous store address",
     "HOROVOD_GLOO_RENDEZVOUS_PORT": "rendezvous store port",
@@ -101,6 +103,7 @@ class Launch(Snapshot):
     use_agent_store: str | None = variable(VARIABLES, "TORCHELASTIC_USE_AGENT_STORE")
     restart_count: str | None = variable(VARIABLES, "TORCHELASTIC_RESTART_COUNT")
     start_timeout: str | None = variable(VARIABLES, "HOROVOD_START_TIMEOUT")
+    secret: str | None = variable(VARIABLES, "HVD_TORCH_SECRET")
 
     @property
     def torchrun(self) -> bool:

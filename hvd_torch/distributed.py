@@ -8,7 +8,7 @@ Importing hvd_torch registers it::
 One engine, two APIs: if hvd.init() has run, the process group uses its engine;
 otherwise creating the group starts it, meeting the other ranks through the store
 torch.distributed gives the backend (rank 0 serves hvd's rendezvous store and
-publishes its address and secret there). Destroying the group leaves the engine
+publishes its address there; never its secret: rendezvous_env()). Destroying the group leaves the engine
 running: hvd.shutdown() (or the end of the process) stops it.
 
 hvd.init() under torchrun (RANK, WORLD_SIZE, ... and no HOROVOD_RANK) meets the
@@ -19,10 +19,14 @@ MASTER_PORT + 1 (MASTER_PORT itself stays free for init_process_group's env://).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import os
+import shutil
 import socket
+import stat
+import tempfile
 import threading
 import time
 
@@ -72,34 +76,88 @@ def rendezvous_env(store, rank: int, size: int) -> None:
     """Sets hvdrun's variables (HOROVOD_RANK, the store's address, ...) in this
     process's environment for rank `rank` of `size`, meeting the others through
     `store` (a torch.distributed Store): rank 0 serves hvd's own store (the engine's
-    client speaks its protocol) and publishes where it listens and its secret.
-    hvd.init() then starts the engine."""
+    client speaks its protocol) and publishes where it listens. hvd.init() then
+    starts the engine.
+
+    torch's store has no authentication, so the secret of hvd's store never goes
+    there (docs/security.md): it is HVD_TORCH_SECRET when set (required when the job
+    spans hosts), else, on one host, rank 0 makes one and hands it over in a file
+    only this user can read."""
     global _rendezvous_count
     from hvdrun.env import horovod_env
-    from hvdrun.store_protocol import make_secret, secret_from_hex, secret_to_hex
+    from hvdrun.store_protocol import job_secret_from_hex, make_secret
     from hvdrun.store_server import KVStoreServer
 
     with _lock:
         _rendezvous_count += 1
         prefix = f"hvd_torch/rendezvous/{_rendezvous_count}"
     topo = _topology(store, rank, size, prefix)
+    launch = config.Launch.from_environment()
     one_host = topo["cross_size"] == 1
+    given = (launch.secret or "").strip()
+    if given:
+        secret = job_secret_from_hex(given, "HVD_TORCH_SECRET")
+    elif not one_host:
+        # Every rank sees the same topology, so every rank refuses alike.
+        raise RuntimeError(
+            f"hvd_torch: this job spans {topo['cross_size']} hosts: set HVD_TORCH_SECRET to "
+            "the same secret on every rank (e.g. export HVD_TORCH_SECRET=$(openssl rand -hex "
+            "32) in the job script), or launch with hvdrun. torch's store is not "
+            "authenticated, so hvd-torch does not publish its store's secret there "
+            "(docs/security.md)")
     if rank == 0:
         if one_host:
-            server = KVStoreServer("127.0.0.1", 0, make_secret()).start()
             address = "127.0.0.1"
-        else:
-            server = KVStoreServer("0.0.0.0", 0, make_secret()).start()
-            toward = config.Launch.from_environment().master_addr
+        else:  # the one address the other hosts reach this one at, not every interface
+            toward = launch.master_addr
             address = _route_address("8.8.8.8" if toward is None else toward)
+        if not given:
+            secret = make_secret()
+        server = KVStoreServer(address, 0, secret).start()
         _servers.append(server)
-        store.set(f"{prefix}/store", json.dumps(
-            {"host": address, "port": server.port, "secret": secret_to_hex(server.secret)}))
+        where = {"host": address, "port": server.port}
+        if not given:
+            where["secret_file"] = _private_secret_file(secret)
+        store.set(f"{prefix}/store", json.dumps(where))
     where = json.loads(store.get(f"{prefix}/store"))
-    env = horovod_env(rank, size, where["host"], where["port"], secret_from_hex(where["secret"]),
-                      **topo)
+    if not given:
+        secret = _read_secret_file(where.get("secret_file"))
+    env = horovod_env(rank, size, where["host"], where["port"], secret, **topo)
     env.pop("PYTHONUNBUFFERED", None)  # a launcher's concern, not ours to change here
     os.environ.update(env)
+
+
+def _private_secret_file(secret: bytes) -> str:
+    """A file holding secret that only this user can read (a 0700 directory, a 0600
+    file), removed when this process exits; its path is not a secret."""
+    directory = tempfile.mkdtemp(prefix="hvd_torch-")
+    path = os.path.join(directory, "secret")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret)
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return path
+
+
+def _read_secret_file(path) -> bytes:
+    """The secret rank 0 left in path, if the file is this user's own and nobody
+    else's to read or write: torch's store, which told us the path, is not
+    authenticated, and anyone could have written it there."""
+    if not isinstance(path, str):
+        raise RuntimeError("hvd_torch: the rendezvous record in torch's store names no secret "
+                           "file; set HVD_TORCH_SECRET on every rank")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise RuntimeError(f"hvd_torch: cannot read rank 0's secret file {path} ({e.strerror}): "
+                           "ranks on one host must share /tmp, else set HVD_TORCH_SECRET") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if (not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid()
+                or info.st_mode & 0o077):
+            raise RuntimeError(f"hvd_torch: refusing the secret file {path}: it must be a "
+                               "regular file of this user with no access for others")
+        return f.read(4096)
 
 
 def torchrun_store(rank: int, size: int):

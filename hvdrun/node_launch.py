@@ -40,7 +40,8 @@ from .network import NetworkError, free_port, interface_address
 from .output import RankFiles, note
 from .processes import Processes
 from .slurm import node_defaults
-from .store import KVStoreClient, KVStoreServer, StoreError, StoreLimits, secret_from_hex
+from .store import KVStoreClient, KVStoreServer, StoreError, StoreLimits
+from .store_protocol import job_secret_from_hex
 from .supervise import RankInfo, supervise
 
 __all__ = ["NodeOptions", "parse_node_options", "run_node"]
@@ -113,12 +114,9 @@ def _secret(path: str | None, environ=None) -> bytes:
             "--rdzv-secret-file (docs/multihost.md)"
         )
     try:
-        secret = secret_from_hex(text)
-    except ValueError:
-        raise UsageError(f"{where}: the secret must be hex digits") from None
-    if len(secret) < 16:
-        raise UsageError(f"{where}: the secret must be at least 16 bytes (32 hex digits)")
-    return secret
+        return job_secret_from_hex(text, where)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _report_cause(client: KVStoreClient, node_rank: int, order: int, failure: str) -> None:

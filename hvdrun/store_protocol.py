@@ -116,6 +116,18 @@ def secret_from_hex(text: str) -> bytes:
         raise ValueError("store secret is not a hex string (HOROVOD_SECRET_KEY?)") from None
 
 
+def job_secret_from_hex(text: str, where: str) -> bytes:
+    """A secret the user gave (HVD_TORCH_SECRET, a secret file): hex of at least 16
+    bytes; ValueError naming where it came from."""
+    try:
+        secret = bytes.fromhex(text.strip())
+    except ValueError:
+        raise ValueError(f"{where}: the secret must be hex digits") from None
+    if len(secret) < 16:
+        raise ValueError(f"{where}: the secret must be at least 16 bytes (32 hex digits)")
+    return secret
+
+
 def pack_bytes(data: bytes) -> bytes:
     return U32.pack(len(data)) + data
 
