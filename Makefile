@@ -17,7 +17,7 @@ XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 # (`hvdrun -np 2 python ...`) and ranks start the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-fast bench bench-setup bench-scale core-link synthetic clean distclean
+.PHONY: setup demo test test-fast test-stress bench bench-setup bench-scale core-link synthetic clean distclean
 
 setup:
 	bash scripts/setup.sh
@@ -38,6 +38,13 @@ test: setup
 # The unit tier and the C++ unit tests: no process of ours starts; seconds.
 test-fast: setup
 	$(PYTEST) -m unit tests
+
+# The whole suite, as `make test` runs it, beside one busy process per core
+# (scripts/stress.sh kills them after, however it ends): a test that fails
+# only so waits on time, not on its event. Not in CI; docs/testing.md.
+# Explicit, so the tier rule below does not take it for a marker.
+test-stress: setup
+	bash scripts/stress.sh $(MAKE) test
 
 # One tier: make test-ranks, test-launcher, test-multihost, test-ray, test-gpu, test-slow.
 test-%: setup

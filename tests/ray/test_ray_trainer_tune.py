@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import csv
 import re
+from collections import defaultdict
 
+import pandas as pd
 import pytest
 from ray import tune
 from ray.tune import CLIReporter
@@ -76,6 +78,28 @@ def test_asha_over_four_two_worker_trials_reports_the_best(tmp_path):
         assert set(history["lr"]) == {result.config["lr"]}
 
 
+class _Histories(tune.Callback):
+    """Each trial's results as Tune's controller receives them, in this (the
+    driver's) process, one row per result: the trial's current config's lr and
+    the step's metrics. Not progress.csv or result.json: when PBT restores a
+    trial, Tune's loggers overwrite its local files with the storage's copy,
+    which the last sync may not have brought up to date, and a history read
+    back from them lost its rows (issue #43)."""
+
+    METRICS = ("epoch", "training_iteration", "lr", "origin_lr", "val_accuracy")
+
+    def __init__(self):
+        self.rows = defaultdict(list)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        row = {key: result[key] for key in self.METRICS}
+        row["config/lr"] = result["config"]["lr"]
+        self.rows[trial.trial_id].append(row)
+
+    def history(self, trial):
+        return pd.DataFrame(self.rows[trial.trial_id])
+
+
 def test_pbt_exploits_a_checkpoint(tmp_path, monkeypatch):
     """Two trials, a good and a bad learning rate; PBT makes the bad one
     continue from the good one's checkpoint, under a mutated config whose
@@ -89,6 +113,7 @@ def test_pbt_exploits_a_checkpoint(tmp_path, monkeypatch):
         hyperparam_mutations={"lr": [BAD_LR, 0.1, GOOD_LR]}, synch=True,
     )  # fmt: skip
     monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "0")  # Tune would ignore the CLIReporter
+    results = _Histories()
     analysis = tune.run(
         _trainable(),
         config={"lr": tune.grid_search([GOOD_LR, BAD_LR])},
@@ -99,11 +124,10 @@ def test_pbt_exploits_a_checkpoint(tmp_path, monkeypatch):
         stop={"training_iteration": 2},
         checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
         progress_reporter=CLIReporter(metric_columns=["val_accuracy", "lr", "origin_lr"]),
-        storage_path=str(tmp_path), verbose=1,
+        storage_path=str(tmp_path), verbose=1, callbacks=[results],
     )  # fmt: skip
     assert all(t.status == "TERMINATED" for t in analysis.trials), analysis.trials
-    histories = [analysis.trial_dataframes[t.trial_id].reset_index(drop=True)
-                 for t in analysis.trials]
+    histories = [results.history(t) for t in analysis.trials]
     # The epochs the good trial reached, each saved in a checkpoint.
     good_epochs = {int(e) for h in histories if h["config/lr"][0] == GOOD_LR for e in h["epoch"]}
     exploited = 0
