@@ -37,6 +37,7 @@ struct HostRecord {
     h.split_reduce = r.get<uint8_t>() != 0;
     h.split_gather = r.get<uint8_t>() != 0;
     h.host = r.getString();
+    if (!r.done()) throw WireError("trailing bytes in a host record");
     return h;
   }
 };

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "wire.h"
+
 namespace hvd {
 
 namespace {
@@ -74,6 +76,26 @@ std::string localAddress(const EngineConfig& config) {
     if (!address.empty()) return address;
   }
   return config.hostname;
+}
+
+std::string Endpoint::encode() const { return host + ":" + std::to_string(port); }
+
+Endpoint Endpoint::decode(const std::string& text) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos) throw WireError("control address without a port: " + text);
+  Endpoint e;
+  e.host = text.substr(0, colon);
+  // Decimal digits only, no sign, no leading zero: what encode() writes.
+  const std::string digits = text.substr(colon + 1);
+  long port = 0;
+  bool ok = !digits.empty() && digits.size() <= 5 && digits[0] != '0';
+  for (char c : digits) {
+    ok = ok && c >= '0' && c <= '9';
+    if (ok) port = port * 10 + (c - '0');
+  }
+  if (!ok || port > 65535) throw WireError("control address with a bad port: " + text);
+  e.port = static_cast<int>(port);
+  return e;
 }
 
 }  // namespace hvd

@@ -21,4 +21,15 @@ namespace hvd {
 //   3. otherwise (no store, no route) config.hostname.
 std::string localAddress(const EngineConfig& config);
 
+// Where rank 0's control socket listens, as it publishes it in the store
+// ("host:port"; the host is the last ':''s left, so it may hold colons).
+// decode() throws WireError for a record without a port in [1, 65535].
+struct Endpoint {
+  std::string host;
+  int port = 0;
+
+  std::string encode() const;
+  static Endpoint decode(const std::string& text);
+};
+
 }  // namespace hvd

@@ -2,8 +2,27 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include "types.h"
 
 namespace hvd {
+
+namespace {
+
+// The peer's process writes head or tail, and so may a crashed or hostile
+// one: more than `capacity` bytes between them is no state the two ends can
+// reach, and taken as a count it would copy outside the ring's memory. The
+// connection is broken, as if its socket had failed.
+void checkUsed(uint64_t head, uint64_t tail, size_t capacity) {
+  if (head - tail > capacity) {
+    throw transportFailure("control ring corrupt: head " + std::to_string(head) + ", tail " +
+                           std::to_string(tail) + " of a ring of " + std::to_string(capacity) +
+                           " bytes");
+  }
+}
+
+}  // namespace
 
 size_t ByteRing::footprint(size_t capacity) { return sizeof(Header) + capacity; }
 
@@ -15,6 +34,7 @@ ByteRing::ByteRing(void* memory, size_t capacity)
 size_t ByteRing::write(const char* data, size_t n) {
   const uint64_t head = header_->head.value.load(std::memory_order_relaxed);
   const uint64_t tail = header_->tail.value.load(std::memory_order_acquire);
+  checkUsed(head, tail, capacity_);
   const size_t take = std::min<size_t>(n, capacity_ - static_cast<size_t>(head - tail));
   const size_t at = static_cast<size_t>(head % capacity_);
   const size_t first = std::min(take, capacity_ - at);
@@ -29,6 +49,7 @@ size_t ByteRing::write(const char* data, size_t n) {
 size_t ByteRing::read(std::string& into) {
   const uint64_t tail = header_->tail.value.load(std::memory_order_relaxed);
   const uint64_t head = header_->head.value.load(std::memory_order_acquire);
+  checkUsed(head, tail, capacity_);
   const size_t n = static_cast<size_t>(head - tail);
   if (n == 0) return 0;
   const size_t at = static_cast<size_t>(tail % capacity_);

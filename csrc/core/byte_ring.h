@@ -30,6 +30,8 @@ class ByteRing {
   ByteRing(void* memory, size_t capacity);
 
   // Writer: copies what fits of data[0, n); returns how many bytes it took.
+  // Both throw a peer failure (transportFailure) when head and tail are more
+  // than the capacity apart: the peer wrote the header, so it is not trusted.
   size_t write(const char* data, size_t n);
   // Reader: appends everything available to `into`; returns the count.
   size_t read(std::string& into);

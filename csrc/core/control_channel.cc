@@ -14,6 +14,14 @@
 
 namespace hvd {
 
+namespace {
+
+// The largest hello: a rank and a secret of up to 4 KiB (the store's AUTH
+// frame limit, hvdrun/store_protocol.py, is the same secret's bound).
+constexpr uint32_t kHelloFrameLimit = 8 + 4096;
+
+}  // namespace
+
 void ControlChannel::connect(StoreClient& store, const std::string& prefix) {
   if (topology_.rank == 0) {
     connectCoordinator(store, prefix);
@@ -29,7 +37,7 @@ void ControlChannel::connectCoordinator(StoreClient& store, const std::string& p
       topology_.cross_size == 1 ? std::string("127.0.0.1") : localAddress(config_);
   int port = 0;
   int listen_fd = listenTcp(address, &port);
-  store.set(prefix + "control", address + ":" + std::to_string(port));
+  store.set(prefix + "control", Endpoint{address, port}.encode());
   workers_.resize(topology_.size);
   int connected = 0;
   while (connected < topology_.size - 1) {
@@ -43,6 +51,10 @@ void ControlChannel::connectCoordinator(StoreClient& store, const std::string& p
                                "; ranks not connected to the coordinator: " + rankList(missing));
     }
     auto sock = std::make_unique<FrameSocket>(fd);
+    // Anyone who reaches the port gets here: hold no more than a hello for
+    // them. A rank sends nothing else before our welcome, so the limit is
+    // lifted before any larger frame can come.
+    sock->limitFrames(kHelloFrameLimit);
     std::string hello;
     if (!sock->readOne(hello, deadline)) continue;
     try {
@@ -54,6 +66,7 @@ void ControlChannel::connectCoordinator(StoreClient& store, const std::string& p
           workers_[rank]) {
         continue;
       }
+      sock->limitFrames(UINT32_MAX);
       workers_[rank] = std::move(sock);
       ++connected;
     } catch (const WireError&) {
@@ -76,8 +89,8 @@ void ControlChannel::connectWorker(StoreClient& store, const std::string& prefix
   } catch (const StoreTimeout&) {
     throw std::runtime_error(missingRanksMessage(store, prefix, "rank 0 did not publish its address"));
   }
-  const size_t colon = address.rfind(':');
-  int fd = connectTcp(address.substr(0, colon), std::stoi(address.substr(colon + 1)), deadline);
+  const Endpoint coordinator = Endpoint::decode(address);
+  int fd = connectTcp(coordinator.host, coordinator.port, deadline);
   if (fd < 0) {
     throw std::runtime_error(missingRanksMessage(store, prefix, ("cannot reach rank 0 at " + address).c_str()));
   }

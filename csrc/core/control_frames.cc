@@ -33,17 +33,23 @@ WorkerFrame decodeWorkerFrame(const std::string& frame, int rank) {
   WorkerFrame out;
   const uint8_t kind = r.get<uint8_t>();
   if (kind == WorkerFrame::kBye) {
+    if (!r.done()) throw WireError("trailing bytes in a control frame from a rank");
     out.kind = WorkerFrame::kBye;
     return out;
   }
   if (kind != WorkerFrame::kRequests) throw WireError("unknown control frame from a rank");
-  const uint32_t n = r.get<uint32_t>();
+  // The count is the peer's: checked against what can follow before the
+  // reservation (an arrival takes at least a flag, a slot and a flag).
+  const uint32_t n = r.getCount(1 + 4 + 1);
   out.arrivals.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
     Arrival a;
     a.rank = rank;
     if (r.get<uint8_t>()) {
+      // A cached arrival names its slot; a negative one would be taken for
+      // an arrival with a request (coordinator.h), here an empty one.
       a.cache_id = r.get<int32_t>();
+      if (a.cache_id < 0) throw WireError("negative cache slot from a rank");
     } else {
       a.request = Request::decode(r);
     }
@@ -55,6 +61,7 @@ WorkerFrame decodeWorkerFrame(const std::string& frame, int rank) {
     }
     out.arrivals.push_back(std::move(a));
   }
+  if (!r.done()) throw WireError("trailing bytes in a control frame from a rank");
   return out;
 }
 
@@ -98,10 +105,11 @@ CoordinatorFrame decodeCoordinatorFrame(const std::string& frame) {
   switch (r.get<uint8_t>()) {
     case CoordinatorFrame::kResponses: {
       out.kind = CoordinatorFrame::kResponses;
-      const uint32_t n = r.get<uint32_t>();
+      // The count is checked against what can follow before the reservation.
+      const uint32_t n = r.getCount(Response::kMinEncodedBytes);
       out.responses.reserve(n);
       for (uint32_t i = 0; i < n; ++i) out.responses.push_back(Response::decode(r));
-      return out;
+      break;
     }
     case CoordinatorFrame::kAbort: {
       out.kind = CoordinatorFrame::kAbort;
@@ -110,19 +118,21 @@ CoordinatorFrame decodeCoordinatorFrame(const std::string& frame) {
         throw WireError("abort frame with status code " + std::to_string(code));
       out.abort.code = static_cast<Status::Code>(code);
       out.abort.message = r.getString();
-      return out;
+      break;
     }
     case CoordinatorFrame::kWelcome:
       out.kind = CoordinatorFrame::kWelcome;
-      return out;
+      break;
     case CoordinatorFrame::kTunables:
       out.kind = CoordinatorFrame::kTunables;
       out.tunables.fusion_threshold = static_cast<size_t>(r.get<uint64_t>());
       out.tunables.inline_threshold = static_cast<size_t>(r.get<uint64_t>());
-      return out;
+      break;
     default:
       throw WireError("unknown control frame from the coordinator");
   }
+  if (!r.done()) throw WireError("trailing bytes in a control frame from the coordinator");
+  return out;
 }
 
 std::string encodeHello(const Hello& hello) {
@@ -137,6 +147,7 @@ Hello decodeHello(const std::string& frame) {
   Hello h;
   h.rank = r.get<uint32_t>();
   h.secret = r.getString();
+  if (!r.done()) throw WireError("trailing bytes in a hello");
   return h;
 }
 

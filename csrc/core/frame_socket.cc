@@ -125,6 +125,7 @@ void FrameSocket::flushBlocking(std::chrono::milliseconds timeout) {
 }
 
 bool FrameSocket::readAvailable(std::vector<std::string>& frames) {
+  if (refused_) return false;
   bool open = true;
   char buf[65536];
   const bool read_socket = in_ring_ == nullptr || socket_readable_;
@@ -155,6 +156,11 @@ bool FrameSocket::readAvailable(std::vector<std::string>& frames) {
   while (inbox_.size() - off >= 4) {
     uint32_t n;
     std::memcpy(&n, inbox_.data() + off, 4);
+    if (n > max_frame_) {
+      refused_ = true;
+      inbox_.clear();
+      return false;
+    }
     if (inbox_.size() - off - 4 < n) break;
     frames.emplace_back(inbox_, off + 4, n);
     off += 4 + n;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,11 @@ class FrameSocket {
   // Appends every complete frame that has arrived. Returns false once the
   // peer closed the connection or it failed (frames before that are kept).
   bool readAvailable(std::vector<std::string>& frames);
+  // From now on a frame whose length header says more than max_bytes fails
+  // the connection (readAvailable() returns false; the frames before it are
+  // kept) instead of being buffered: the handshake reads from anyone who can
+  // connect, and a u32 length would otherwise let them make it hold 4 GiB.
+  void limitFrames(uint32_t max_bytes) { max_frame_ = max_bytes; }
   // Blocks until one frame arrives or the deadline passes (handshakes only).
   bool readOne(std::string& frame, std::chrono::steady_clock::time_point deadline);
 
@@ -67,6 +73,8 @@ class FrameSocket {
   ByteRing* out_ring_ = nullptr;
   ByteRing* in_ring_ = nullptr;
   bool socket_readable_ = true;
+  uint32_t max_frame_ = UINT32_MAX;
+  bool refused_ = false;  // a frame over max_frame_ arrived: the connection failed
   std::string inbox_;
   std::string outbox_;
 };

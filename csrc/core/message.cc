@@ -18,6 +18,32 @@ std::vector<std::vector<int64_t>> getInt64Lists(Reader& r) {
   return lists;
 }
 
+// An enum's byte off the wire: one of its values [0, last], else a WireError.
+// An unknown value must not reach the switches and tables downstream: an
+// unknown dtype gave the coordinator's inline reduction a null function.
+template <typename E>
+E getEnum(Reader& r, E last, const char* what) {
+  const uint8_t v = r.get<uint8_t>();
+  if (v > static_cast<uint8_t>(last))
+    throw WireError(std::string("unknown ") + what + " " + std::to_string(v) + " in control message");
+  return static_cast<E>(v);
+}
+
+// A shape off the wire: no negative dimension, and every product that
+// numElements() and rowElements() form on the way (from the first dimension,
+// and from the second) fits in int64, so both are defined for every decoded
+// shape (a signed overflow is undefined behaviour, and a size from it garbage).
+void checkShape(const int64_t* dims, size_t n) {
+  int64_t all = 1;
+  int64_t row = 1;
+  for (size_t i = 0; i < n; ++i) {
+    if (dims[i] < 0) throw WireError("negative dimension in control message");
+    if (__builtin_mul_overflow(all, dims[i], &all) ||
+        (i > 0 && __builtin_mul_overflow(row, dims[i], &row)))
+      throw WireError("shape too large in control message");
+  }
+}
+
 }  // namespace
 
 ShapeList::ShapeList(std::initializer_list<std::vector<int64_t>> shapes) {
@@ -55,6 +81,7 @@ ShapeList ShapeList::decode(Reader& r) {
   list.ends_.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
     const std::vector<int64_t> dims = r.getInt64s();
+    checkShape(dims.data(), dims.size());
     list.add(dims.data(), dims.size());
   }
   return list;
@@ -125,15 +152,16 @@ void Request::encode(Writer& w) const {
 
 Request Request::decode(Reader& r) {
   Request q;
-  q.type = static_cast<OpType>(r.get<uint8_t>());
-  q.dtype = static_cast<DataType>(r.get<uint8_t>());
-  q.reduce_op = static_cast<ReduceOp>(r.get<uint8_t>());
+  q.type = getEnum(r, OpType::kRemoveProcessSet, "op type");
+  q.dtype = getEnum(r, DataType::kBool, "dtype");
+  q.reduce_op = getEnum(r, ReduceOp::kProduct, "reduce op");
   q.root_rank = r.get<int32_t>();
   q.process_set = r.get<int32_t>();
   q.prescale = r.get<double>();
   q.postscale = r.get<double>();
   q.name = r.getString();
   q.shape = r.getInt64s();
+  checkShape(q.shape.data(), q.shape.size());
   switch (q.type) {
     case OpType::kAllreduce:
       q.bundle_shapes = ShapeList::decode(r);
@@ -147,13 +175,13 @@ Request Request::decode(Reader& r) {
     case OpType::kRemoveProcessSet:
       q.set_id = r.get<int32_t>();
       break;
-    default:  // the other types, and a byte no type has: nothing more
+    default:  // the other types: nothing more
       break;
   }
   q.group = r.getString();
   q.group_size = r.get<int32_t>();
   q.device = r.get<int32_t>();
-  q.plane = static_cast<Plane>(r.get<uint8_t>());
+  q.plane = getEnum(r, Plane::kDevice, "plane");
   q.single_use = r.get<uint8_t>() != 0;
   return q;
 }
@@ -206,8 +234,8 @@ void Response::encode(Writer& w) const {
 
 Response Response::decode(Reader& r) {
   Response p;
-  p.kind = static_cast<Kind>(r.get<uint8_t>());
-  p.type = static_cast<OpType>(r.get<uint8_t>());
+  p.kind = getEnum(r, kDone, "response kind");
+  p.type = getEnum(r, OpType::kRemoveProcessSet, "op type");
   p.names.resize(r.getCount(sizeof(uint32_t)));
   for (auto& n : p.names) n = r.getString();
   p.process_set = r.get<int32_t>();
@@ -224,7 +252,7 @@ Response Response::decode(Reader& r) {
     case OpType::kJoin:
       p.last_joined_rank = r.get<int32_t>();
       break;
-    default:  // the other types, and a byte no type has: nothing more
+    default:  // the other types: nothing more
       break;
   }
   p.cache_ids.resize(r.getCount(sizeof(int32_t)));
@@ -235,7 +263,7 @@ Response Response::decode(Reader& r) {
   p.error = r.getString();
   p.inline_result = r.getString();
   p.contributors = r.get<int32_t>();
-  p.templates.resize(r.getCount(1));
+  p.templates.resize(r.getCount(Request::kMinEncodedBytes));
   for (auto& q : p.templates) q = Request::decode(r);
   return p;
 }

@@ -84,8 +84,15 @@ struct Request {
   bool isBundle() const { return type == OpType::kAllreduce && !bundle_shapes.empty(); }
 
   void encode(Writer& w) const;
+  // Throws WireError for a cut encoding, a count larger than what follows,
+  // a value no enum has, a negative dimension or a shape whose element count
+  // overflows int64.
   static Request decode(Reader& r);
   bool operator==(const Request& o) const;
+  // The fewest bytes an encoding takes (every string and list empty): a
+  // count of requests read off the wire is checked against what can follow
+  // (Reader::getCount) before anything is allocated for it.
+  static constexpr size_t kMinEncodedBytes = 3 + 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 1 + 1;
 };
 
 // A bundle member's name: the group's name and its index ("grads.3").
@@ -132,6 +139,8 @@ struct Response {
 
   void encode(Writer& w) const;
   static Response decode(Reader& r);
+  // As Request::kMinEncodedBytes.
+  static constexpr size_t kMinEncodedBytes = 2 + 4 + 4 + 4 + 1 + 4 + 4 + 4 + 4;
 };
 
 // Ranks may use one name in two process sets at once: tables keyed by name

@@ -125,6 +125,16 @@ StoreClient::StoreClient(std::string host, int port, std::string secret,
                          milliseconds connect_timeout)
     : host_(std::move(host)), port_(port), address_(host_ + ":" + std::to_string(port)) {
   connect(connect_timeout);
+  authenticate(secret);
+}
+
+StoreClient::StoreClient(int connected_fd, std::string address, const std::string& secret)
+    : port_(0), address_(std::move(address)), fd_(connected_fd) {
+  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
+  authenticate(secret);
+}
+
+void StoreClient::authenticate(const std::string& secret) {
   std::string req(1, static_cast<char>(kAuth));
   putStr(req, secret);
   Reply reply;
@@ -293,8 +303,7 @@ StoreClient::Reply StoreClient::call(const std::string& request, milliseconds ti
       throw StoreError("bad frame length " + std::to_string(len) + " from the store at " +
                        address_);
     }
-    std::string payload(len, '\0');
-    recvAll(&payload[0], len, deadline);
+    const std::string payload = readPayload(len, deadline);
     return Reply{static_cast<uint8_t>(payload[0]), payload.substr(1)};
   } catch (const StoreError&) {
     // A half-sent request or half-read reply leaves the stream out of step with
@@ -304,6 +313,20 @@ StoreClient::Reply StoreClient::call(const std::string& request, milliseconds ti
   }
 }
 
+std::string StoreClient::readPayload(uint32_t len, Clock::time_point deadline) {
+  // The buffer grows with what has arrived (doubling, from 64 KiB), not with
+  // what the length header claims: a header of 1 GiB followed by nothing, from
+  // a broken or impostor server, costs 64 KiB, not a 1 GiB allocation.
+  std::string payload;
+  while (payload.size() < len) {
+    const size_t have = payload.size();
+    const size_t chunk = std::min<size_t>(len - have, std::max<size_t>(have, 64 << 10));
+    payload.resize(have + chunk);
+    recvAll(&payload[have], chunk, deadline);
+  }
+  return payload;
+}
+
 bool StoreClient::readRefusal(Reply* out) {
   try {
     const auto deadline = Clock::now() + milliseconds(1000);
@@ -311,8 +334,7 @@ bool StoreClient::readRefusal(Reply* out) {
     recvAll(header, sizeof(header), deadline);
     uint32_t len = Parser(std::string(header, sizeof(header)), address_).u32();
     if (len == 0 || len > kMaxFrame) return false;
-    std::string payload(len, '\0');
-    recvAll(&payload[0], len, deadline);
+    const std::string payload = readPayload(len, deadline);
     if (static_cast<uint8_t>(payload[0]) != kError) return false;
     *out = Reply{kError, payload.substr(1)};
     return true;

@@ -87,9 +87,16 @@ class StoreClient {
  protected:
   // A store in this process (a subclass overrides every request): no socket.
   explicit StoreClient(std::string address) : port_(0), address_(std::move(address)) {}
+  // Over a socket already connected to a store, which it owns from now on;
+  // authenticates as the public constructor does (tests/fuzz drives the
+  // client's reply parsing through a socket pair this way).
+  StoreClient(int connected_fd, std::string address, const std::string& secret);
 
  private:
   struct Reply;
+  void authenticate(const std::string& secret);
+  // A reply's payload of `len` bytes, read as it arrives.
+  std::string readPayload(uint32_t len, std::chrono::steady_clock::time_point deadline);
   Reply call(const std::string& request, std::chrono::milliseconds timeout);
   void connect(std::chrono::milliseconds timeout);
   void sendAll(const char* data, size_t n, std::chrono::steady_clock::time_point deadline);

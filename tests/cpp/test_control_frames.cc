@@ -133,4 +133,37 @@ TEST(unknown_kinds_are_wire_errors) {
   CHECK_THROWS(decodeCoordinatorFrame(std::string(1, '\x09')), WireError);
 }
 
+// A frame's counts are the peer's: checked against what can follow before
+// anything is reserved for them (tests/fuzz/regressions/control_frames/
+// response_count_reserve asked for 15 GB; issue #44).
+TEST(counts_beyond_the_frame_are_wire_errors_not_allocations) {
+  std::string arrivals = encodeArrivals({cachedArrival(1)});
+  arrivals.replace(1, 4, std::string("\xff\xff\xff\x0f", 4));
+  CHECK_THROWS(decodeWorkerFrame(arrivals, 1), WireError);
+  std::string responses = encodeResponses({});
+  responses.replace(1, 4, std::string("\x00\x00\x00\x10", 4));
+  CHECK_THROWS(decodeCoordinatorFrame(responses), WireError);
+  // One arrival fewer than the count says is still cut, one more is trailing.
+  std::string two = encodeArrivals({cachedArrival(1), cachedArrival(2)});
+  two[1] = 3;
+  CHECK_THROWS(decodeWorkerFrame(two, 1), WireError);
+  two[1] = 1;
+  CHECK_THROWS(decodeWorkerFrame(two, 1), WireError);
+}
+
+TEST(a_cached_arrival_with_a_negative_slot_is_a_wire_error) {
+  std::string frame = encodeArrivals({cachedArrival(3)});
+  frame.replace(6, 4, std::string("\xfe\xff\xff\xff", 4));  // slot -2
+  CHECK_THROWS(decodeWorkerFrame(frame, 1), WireError);
+}
+
+TEST(trailing_bytes_are_wire_errors) {
+  for (const std::string& f : {encodeBye(), encodeArrivals({cachedArrival(1)})})
+    CHECK_THROWS(decodeWorkerFrame(f + "x", 1), WireError);
+  for (const std::string& f : {encodeWelcome(), encodeResponses({}), encodeTunables(Tunables()),
+                               encodeAbort(Status::peerFailure("x"))})
+    CHECK_THROWS(decodeCoordinatorFrame(f + "x"), WireError);
+  CHECK_THROWS(decodeHello(encodeHello({1, "k"}) + "x"), WireError);
+}
+
 int main() { return check::runAll(); }

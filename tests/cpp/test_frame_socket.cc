@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "check.h"
 #include "core/byte_ring.h"
 #include "core/frame_socket.h"
+#include "core/types.h"
 
 using namespace hvd;
 
@@ -154,6 +156,62 @@ TEST(send_to_a_closed_peer_throws) {
     threw = true;
   }
   CHECK(threw);
+}
+
+// The handshake's limit (control_channel.cc): a header saying more fails the
+// connection at once, before its bytes are buffered; the frames before it
+// are kept, and a limit lifted lets large frames through again.
+TEST(a_frame_over_the_limit_fails_the_connection_without_buffering_it) {
+  Pair p;
+  p.b->limitFrames(16);
+  p.a->send("hello");
+  p.a->send(std::string(17, 'x'));
+  std::vector<std::string> got;
+  CHECK(!p.b->readAvailable(got));
+  CHECK_EQ(got.size(), size_t{1});
+  if (got.size() == 1) CHECK(got[0] == "hello");
+  p.a->send("more");
+  CHECK(!p.b->readAvailable(got));  // stays failed
+  CHECK_EQ(got.size(), size_t{1});
+
+  Pair q;
+  q.b->limitFrames(16);
+  q.a->send(std::string(16, 'y'));
+  std::vector<std::string> at_b;
+  CHECK(q.b->readAvailable(at_b));
+  q.b->limitFrames(UINT32_MAX);
+  q.a->send(pattern(100, 'l'));
+  CHECK(q.b->readAvailable(at_b));
+  CHECK_EQ(at_b.size(), size_t{2});
+}
+
+// A peer that scribbles on a ring's header (head and tail further apart
+// than the ring holds) breaks the connection as a peer failure; before the
+// fix, read() copied from beyond the ring (tests/fuzz/regressions/byte_ring).
+TEST(a_corrupt_ring_is_a_peer_failure_not_a_read_beyond_it) {
+  for (int side = 0; side < 2; ++side) {
+    const size_t capacity = 32;
+    std::unique_ptr<char[]> memory(new char[ByteRing::footprint(capacity)]());
+    ByteRing ring(memory.get(), capacity);
+    CHECK_EQ(ring.write("abc", 3), size_t{3});
+    const uint64_t bad = side == 0 ? 1000 : uint64_t{5} << 40;  // head, then tail
+    std::memcpy(memory.get() + (side == 0 ? 0 : 64), &bad, sizeof(bad));
+    std::string got;
+    bool read_threw = false, write_threw = false;
+    try {
+      ring.read(got);
+    } catch (const StatusError& e) {
+      read_threw = e.status.code == Status::kPeerFailure;
+    }
+    try {
+      ring.write("d", 1);
+    } catch (const StatusError& e) {
+      write_threw = e.status.code == Status::kPeerFailure;
+    }
+    CHECK(read_threw);
+    CHECK(write_threw);
+    CHECK(got.empty());
+  }
 }
 
 int main() { return check::runAll(); }

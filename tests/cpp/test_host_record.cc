@@ -1,8 +1,11 @@
 // The record each member of a set publishes before the set picks its data
 // plane (backends/host_record.h): it reads back whole, switches compare as a
-// unit, and a cut record is a WireError.
+// unit, and a cut record is a WireError; so are the shared-memory peer's
+// record (backends/shm/shm_peer.h) and rank 0's control address (core/address.h).
 #include "backends/host_record.h"
+#include "backends/shm/shm_peer.h"
 #include "check.h"
+#include "core/address.h"
 
 using namespace hvd;
 
@@ -40,6 +43,34 @@ TEST(a_cut_record_is_a_wire_error) {
     }
   }
   CHECK_EQ(errors, static_cast<int>(bytes.size()));
+}
+
+TEST(trailing_bytes_are_a_wire_error) {
+  HostRecord h;
+  h.host = "hostname";
+  CHECK_THROWS(HostRecord::decode(h.encode() + "x"), WireError);
+}
+
+// The other records members read from the store before they connect: the
+// shared-memory peer ("identity|pid") and rank 0's control address
+// ("host:port"). Before, a record without its separator or with a bad number
+// reached std::stoi (std::invalid_argument, out_of_range) or
+// std::string::resize(npos) (std::length_error), and a pid of 0 or -1 went
+// on to pidfd_open.
+TEST(shm_peer_and_control_address_records_read_back_or_are_wire_errors) {
+  const ShmPeer peer = ShmPeer::decode(ShmPeer{"boot/ns|ipc", 4242}.encode());
+  CHECK_EQ(peer.identity, std::string("boot/ns|ipc"));
+  CHECK_EQ(peer.pid, 4242);
+  for (const char* bad : {"", "123", "id|", "id|0", "id|-5", "id|+5", "id|012", "id|1x",
+                          "id|99999999999", "id| 5"})
+    CHECK_THROWS(ShmPeer::decode(bad), WireError);
+  const Endpoint e = Endpoint::decode(Endpoint{"::1", 65535}.encode());
+  CHECK_EQ(e.host, std::string("::1"));
+  CHECK_EQ(e.port, 65535);
+  CHECK_EQ(Endpoint::decode("node-1:1").port, 1);
+  for (const char* bad : {"", "host", "host:", "host:0", "host:65536", "host:-1", "host:08",
+                          "host:80a", "host:123456"})
+    CHECK_THROWS(Endpoint::decode(bad), WireError);
 }
 
 int main() { return check::runAll(); }

@@ -531,6 +531,54 @@ TEST(corrupt_count_throws_wire_error_not_a_huge_allocation) {
   if (!CHECK_EQ(names, 0)) std::printf("  (Response names count: 1 = no error, 2 = bad_alloc)\n");
 }
 
+// What a peer's bytes may not carry past the decoder (tests/fuzz found both):
+// a value no enum has (an unknown dtype gave the coordinator's inline
+// reduction a null function) and a shape whose element count overflows
+// int64 (undefined behaviour in numElements()).
+TEST(unknown_enum_values_and_overflowing_shapes_are_wire_errors) {
+  Request q;
+  q.name = "x";
+  q.shape = {2};
+  Writer w;
+  q.encode(w);
+  const std::string good = w.buffer();
+  CHECK(decodeRequest(good) == q);
+  // type, dtype, reduce op: the first three bytes; the plane: 2 from the end.
+  for (size_t at : {size_t{0}, size_t{1}, size_t{2}, good.size() - 2}) {
+    std::string bad = good;
+    bad[at] = 99;
+    CHECK_THROWS(decodeRequest(bad), WireError);
+  }
+  for (const auto& shape : std::vector<std::vector<int64_t>>{
+           {-1}, {3, -2}, {int64_t{1} << 32, int64_t{1} << 32}, {int64_t{1} << 62, 4, 0},
+           {0, int64_t{1} << 40, int64_t{1} << 40}}) {
+    Request s = q;
+    s.shape = shape;
+    Writer sw;
+    s.encode(sw);
+    CHECK_THROWS(decodeRequest(sw.buffer()), WireError);
+    Request b = q;
+    b.bundle_shapes = ShapeList{shape};
+    Writer bw;
+    b.encode(bw);
+    CHECK_THROWS(decodeRequest(bw.buffer()), WireError);
+  }
+  Request big = q;
+  big.shape = {int64_t{1} << 31, int64_t{1} << 31};  // 2^62 elements: fits
+  Writer bw;
+  big.encode(bw);
+  CHECK_EQ(decodeRequest(bw.buffer()).numElements(), int64_t{1} << 62);
+  Response p;
+  Writer pw;
+  p.encode(pw);
+  std::string bad = pw.buffer();
+  bad[0] = 4;  // no such response kind
+  CHECK_THROWS(decodeResponse(bad), WireError);
+  bad = pw.buffer();
+  bad[1] = 9;  // no such op type
+  CHECK_THROWS(decodeResponse(bad), WireError);
+}
+
 TEST(rank_cache_holds_one_slot_per_name) {
   Request q = sampleRequest();
   RankCache cache;

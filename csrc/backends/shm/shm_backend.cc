@@ -13,6 +13,7 @@
 #include "../../core/reduce.h"
 #include "../../core/store_client.h"
 #include "../../core/stream_copy.h"
+#include "shm_peer.h"
 
 namespace hvd {
 
@@ -389,18 +390,15 @@ std::unique_ptr<Backend> tryShmBackend(const Topology& topology, const EngineCon
   const auto timeout = config.start_timeout;
   const std::string key = prefix + "shm/";
   // 1. Every member's host, namespaces and wish: shm only if all agree.
-  store.set(key + "self/" + std::to_string(me), shmHostIdentity() + "|" +
-                                                    std::to_string(::getpid()));
+  store.set(key + "self/" + std::to_string(me), ShmPeer{shmHostIdentity(), ::getpid()}.encode());
   std::vector<int> pids(n);
   std::string common;
   bool same = true;
   for (int r = 0; r < n; ++r) {
-    std::string v = store.get(key + "self/" + std::to_string(r), timeout);
-    const size_t bar = v.rfind('|');
-    pids[r] = std::stoi(v.substr(bar + 1));
-    v.resize(bar);
-    if (r == 0) common = v;
-    same = same && v == common;
+    const ShmPeer peer = ShmPeer::decode(store.get(key + "self/" + std::to_string(r), timeout));
+    pids[r] = peer.pid;
+    if (r == 0) common = peer.identity;
+    same = same && peer.identity == common;
   }
   if (!same) return nullptr;
   // 2. Rank 0 makes the segment; the others map it; rank 0 unlinks the name
