@@ -17,7 +17,7 @@ XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 # (`hvdrun -np 2 python ...`) and ranks start the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-fast test-stress bench bench-setup bench-scale core-link synthetic clean distclean
+.PHONY: setup demo test test-fast test-stress fuzz fuzz-build bench bench-setup bench-scale core-link synthetic clean distclean
 
 setup:
 	bash scripts/setup.sh
@@ -49,6 +49,22 @@ test-stress: setup
 # One tier: make test-ranks, test-launcher, test-multihost, test-ray, test-gpu, test-slow.
 test-%: setup
 	$(PYTEST) $(XDIST) -m $* tests
+
+# Fuzzing (docs/testing.md, "Fuzzing"): every libFuzzer target in tests/fuzz
+# (clang, ASan+UBSan; scripts/setup_fuzz.sh installs Debian's clang if missing)
+# runs FUZZ_SECONDS from a scratch copy of its seeds under build/fuzz-run/, then
+# the store server's hypothesis fuzz in its long profile. Prints executions,
+# exec/s, coverage and crashes per target; writes build/fuzz-run/report.json;
+# fails when anything crashed. CI: make fuzz FUZZ_SECONDS=5 (about a minute).
+# The venv is needed only for hypothesis: setup runs only when it lacks that.
+FUZZ_SECONDS ?= 60
+fuzz-build:
+	bash scripts/setup_fuzz.sh
+	$(MAKE) -C tests/fuzz -j2 build
+
+fuzz: fuzz-build
+	$(PY) -c "import hypothesis" 2>/dev/null || bash scripts/setup.sh
+	$(PY) scripts/fuzz_run.py --seconds $(FUZZ_SECONDS)
 
 # Open MPI, mpi4py and matplotlib: the benchmark's own needs, never the tests'.
 bench-setup: setup

@@ -85,8 +85,11 @@ def run_store_fuzz(seconds: int) -> dict:
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env,
                          timeout=10 * seconds + 300, check=False)
     elapsed = time.monotonic() - started
-    examples = sum(int(n) for n in re.findall(r"(\d+) passing examples", run.stdout))
-    failing = sum(int(n) for n in re.findall(r"(\d+) failing examples", run.stdout))
+    # --hypothesis-show-statistics: "- N passing, M failing, and K invalid test cases"
+    # for each phase of each test.
+    counts = re.findall(r"(\d+) passing, (\d+) failing", run.stdout)
+    examples = sum(int(p) + int(f) for p, f in counts)
+    failing = sum(int(f) for _, f in counts)
     return {
         "target": "store_server (hypothesis)",
         "executions": examples,

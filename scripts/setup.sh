@@ -28,9 +28,11 @@ TORCH_INDEX=${HVD_TORCH_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 # shape, one set of namespace hosts) silently stopped holding (tests/conftest.py
 # checks it).
 TEST_PINS=(pytest==9.1.1 pytest-xdist==3.8.0 pytest-timeout==2.4.0)
-TOOLS=(setuptools wheel ninja numpy "${TEST_PINS[@]}" scikit-learn tqdm tensorboard "ray[tune,client]==2.58.0")
+# hypothesis: the store server's protocol fuzz (tests/unit/test_store_fuzz.py).
+TOOLS=(setuptools wheel ninja numpy "${TEST_PINS[@]}" scikit-learn tqdm tensorboard "ray[tune,client]==2.58.0"
+       hypothesis==6.170.17)
 # Import names for TOOLS, to tell "installed" without asking pip (slow).
-TOOL_MODULES="setuptools wheel ninja numpy pytest pytest_timeout xdist sklearn tqdm tensorboard ray grpc"
+TOOL_MODULES="setuptools wheel ninja numpy pytest pytest_timeout xdist sklearn tqdm tensorboard ray grpc hypothesis"
 
 say() { echo "[setup] $*"; }
 
