@@ -55,7 +55,7 @@ test-%: setup
 # runs FUZZ_SECONDS from a scratch copy of its seeds under build/fuzz-run/, then
 # the store server's hypothesis fuzz in its long profile. Prints executions,
 # exec/s, coverage and crashes per target; writes build/fuzz-run/report.json;
-# fails when anything crashed. CI: make fuzz FUZZ_SECONDS=5 (about a minute).
+# fails when anything crashed. make fuzz FUZZ_SECONDS=5: a short run (about a minute).
 # The venv is needed only for hypothesis: setup runs only when it lacks that.
 FUZZ_SECONDS ?= 60
 fuzz-build:
