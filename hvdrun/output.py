@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import threading
@@ -37,6 +38,14 @@ class RankFiles:
         return os.path.join(self.directory, f"rank.{rank:0{self.width}d}", stream)
 
     def open(self, rank: int, stream: str):
+        """The rank's file, truncated. Neither rank.N nor the file may be a symbolic
+        link: in a shared folder one planted there would make the job overwrite
+        whatever it points to."""
         path = self.path(rank, stream)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return open(path, "wb")
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        for each in (folder, path):
+            if os.path.islink(each):
+                raise OSError(errno.ELOOP, f"--output-filename: {each} is a symbolic link")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        return os.fdopen(fd, "wb")

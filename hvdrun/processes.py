@@ -42,7 +42,10 @@ class Processes:
     def start(self, label, command: list[str], env: dict[str, str], stdin: bytes | None = None):
         """Starts command; its output lines are prefixed with `[label]<stream>:`.
         stdin: bytes written to a stdin pipe that then stays open until stop() (ssh
-        clients); None: no stdin.  Raises OSError when the command cannot be executed."""
+        clients); None: no stdin.  Raises OSError when the command cannot be executed
+        or its --output-filename files cannot be made (before anything starts)."""
+        copies = {s: self._files.open(label, s) if self._files is not None else None
+                  for s in ("stdout", "stderr")}  # fmt: skip
         proc = subprocess.Popen(
             command,
             env=env,
@@ -59,9 +62,8 @@ class Processes:
             except BrokenPipeError:
                 pass  # it died at once; its exit code tells why
         for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-            copy = self._files.open(label, stream) if self._files is not None else None
             pump = threading.Thread(
-                target=_pump, args=(label, stream, pipe, copy), name=f"hvdrun-{label}-{stream}",
+                target=_pump, args=(label, stream, pipe, copies[stream]), name=f"hvdrun-{label}-{stream}",
                 daemon=True,
             )  # fmt: skip
             pump.start()

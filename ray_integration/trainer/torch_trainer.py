@@ -33,6 +33,7 @@ import ray
 from ..executor import RayExecutor
 from ..settings import RaySettings
 from ..worker_group import WorkerFailure
+from .checkpoint_files import load_checkpoint, save_private
 from .elastic_call import elastic_call
 from .metrics import reduce_worker_stats
 from .runner import OperatorRunner, RunnerOptions
@@ -192,21 +193,20 @@ class TorchTrainer:
 
     def save(self, path: str) -> str:
         """Writes state_dict() to path (torch.save, through a temporary file,
-        so a crash never leaves a half-written checkpoint); returns path."""
-        import torch
-
-        tmp = f"{path}.tmp{os.getpid()}"
-        torch.save(self.state_dict(), tmp)
-        os.replace(tmp, path)
+        so a crash never leaves a half-written checkpoint); returns path. The
+        file is this user's alone (0600), and the temporary one has a random
+        name made with O_EXCL, so a link planted in a shared folder is never
+        written through."""
+        save_private(self.state_dict(), path)
         return path
 
-    def load(self, path: str, keep_hyperparameters: bool = False) -> None:
-        """Loads a checkpoint written by save()."""
-        import torch
-
-        self.load_state_dict(
-            torch.load(path, map_location="cpu", weights_only=False), keep_hyperparameters
-        )
+    def load(self, path: str, keep_hyperparameters: bool = False,
+             weights_only: bool = True) -> None:
+        """Loads a checkpoint written by save(). weights_only (torch.load's):
+        tensors and plain containers only, so a checkpoint someone else wrote
+        cannot run code; pass False only for a trusted file whose operator
+        state holds other objects."""
+        self.load_state_dict(load_checkpoint(path, weights_only), keep_hyperparameters)
 
     def get_model(self):
         """Rank 0's trained model on the CPU (a list if several were registered)."""

@@ -29,9 +29,12 @@ per-parameter state (momentum buffers, ...) from the checkpoint.
 
 from __future__ import annotations
 
+import json
 import os
 
 from ray import tune
+
+from .checkpoint_files import load_checkpoint, save_private
 
 __all__ = ["make_trainable"]
 
@@ -102,18 +105,16 @@ def make_trainable(
             return True
 
         def save_checkpoint(self, checkpoint_dir):
-            """Returns None: the directory is the checkpoint."""
-            import torch
-
+            """Returns None: the directory is the checkpoint. The trial's config
+            travels as text (_config_text), so the file loads weights-only."""
             path = os.path.join(checkpoint_dir, _CHECKPOINT_FILE)
-            torch.save({"trainer": self.trainer.state_dict(), "config": self._trial_config}, path)
+            save_private({"trainer": self.trainer.state_dict(),
+                          "config": _config_text(self._trial_config)}, path)  # fmt: skip
 
         def load_checkpoint(self, checkpoint):
-            import torch
-
             path = os.path.join(checkpoint, _CHECKPOINT_FILE)
-            saved = torch.load(path, map_location="cpu", weights_only=False)
-            mutated = saved["config"] != self._trial_config
+            saved = load_checkpoint(path)
+            mutated = saved["config"] != _config_text(self._trial_config)
             self.trainer.load_state_dict(saved["trainer"], keep_hyperparameters=mutated)
 
         def cleanup(self):
@@ -122,3 +123,13 @@ def make_trainable(
     name = f"{training_operator_cls.__name__}Trainable"
     TorchTrainable.__name__ = TorchTrainable.__qualname__ = name
     return TorchTrainable
+
+
+def _config_text(config: dict) -> str:
+    """A trial config as text, for telling whether a restored checkpoint came from
+    another config (PBT's exploit): values JSON cannot hold (a model creator) by
+    their qualified name, which is the same in every process."""
+    def name(value):
+        return getattr(value, "__qualname__", None) or type(value).__qualname__
+
+    return json.dumps(config, sort_keys=True, default=name)

@@ -116,3 +116,17 @@ def test_output_filename_pads_ranks_like_horovodrun(tmp_path):
     assert RankFiles(str(tmp_path / "a"), 12).path(3, "stdout").endswith("rank.03/stdout")
     assert RankFiles(str(tmp_path / "b"), 10).path(9, "stderr").endswith("rank.9/stderr")
     assert RankFiles(str(tmp_path / "c"), 101).path(7, "stdout").endswith("rank.007/stdout")
+
+
+def test_output_filename_never_writes_through_a_planted_link(tmp_path):
+    """A link planted in a shared output folder must not make the job overwrite the
+    file it points to (issue #44): hvdrun refuses before the rank starts."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    logs = tmp_path / "logs"
+    (logs / "rank.1").mkdir(parents=True)
+    (logs / "rank.1" / "stdout").symlink_to(victim)
+    code, out, err = run_hvdrun(["-np", "2", "--output-filename", str(logs), sys.executable,
+                                 "-c", RANK_SCRIPT], env=_env(), cwd=ROOT, timeout=90)
+    assert code != 0 and f"{logs}/rank.1/stdout is a symbolic link" in err, out + err
+    assert victim.read_text() == "precious\n"
