@@ -1,5 +1,8 @@
 #include "timeline.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -53,8 +56,16 @@ std::string Timeline::start(const std::string& path, bool mark_cycles) {
     wake_.notify_one();
     writer_.join();
   }
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) return "cannot open timeline file " + path + ": " + std::strerror(errno);
+  // O_NOFOLLOW: a link planted at the path (a shared folder) must not make the
+  // job overwrite the file it points to.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  std::FILE* f = fd < 0 ? nullptr : ::fdopen(fd, "w");
+  if (f == nullptr) {
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    return "cannot open timeline file " + path + ": " +
+           (error == ELOOP ? std::string("it is a symbolic link") : std::strerror(error));
+  }
   file_ = f;
   first_write_ = true;
   pids_.clear();

@@ -264,3 +264,28 @@ def test_a_script_that_never_calls_shutdown_still_leaves_a_complete_file(tmp_pat
     assert text.endswith("]\n"), text[-200:]
     phases = _phases(_rows(json.loads(text))["allreduce.exit.last"])
     assert phases[-1] == ("E",) and ("B", "ALLREDUCE") in phases, phases
+
+
+def _timeline_into_a_link(path):
+    import hvd_torch as hvd
+
+    hvd.init()
+    try:
+        hvd.start_timeline(path)
+    except Exception as e:  # noqa: BLE001  (the message is what the test checks)
+        return f"{type(e).__name__}: {e}"
+    finally:
+        hvd.shutdown()
+    return "started"
+
+
+def test_a_timeline_never_writes_through_a_planted_link(tmp_path):
+    """A link planted at the timeline's path (a shared folder) must not make rank 0
+    overwrite what it points to (issue #44)."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link = tmp_path / "timeline.json"
+    link.symlink_to(victim)
+    results = run_ranks(_timeline_into_a_link, 2, args=(str(link),), timeout=90)
+    assert "is a symbolic link" in results[0] and str(link) in results[0], results
+    assert victim.read_text() == "precious\n"
