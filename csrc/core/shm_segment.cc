@@ -73,6 +73,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     base_ = std::exchange(other.base_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     owner_ = std::exchange(other.owner_, false);
+    borrowed_ = std::exchange(other.borrowed_, false);
   }
   return *this;
 }
@@ -86,7 +87,7 @@ void ShmSegment::unlink() {
 
 void ShmSegment::release() {
   unlink();
-  if (base_ != nullptr) ::munmap(base_, bytes_);
+  if (base_ != nullptr && !borrowed_) ::munmap(base_, bytes_);
   base_ = nullptr;
   bytes_ = 0;
 }

@@ -36,19 +36,27 @@ class ShmSegment {
   // Removes the name (the mapping stays). Safe to call more than once.
   void unlink();
 
+  // Another handle on this mapping, at the same address, that neither
+  // unmaps nor unlinks it; this segment must outlive it. For ranks that are
+  // threads of one process (tests/cpp/test_shm_backend.cc): a second mmap
+  // would put each rank's view at its own address, where a race detector
+  // cannot tell that two ranks touch one byte.
+  ShmSegment borrow() const { return ShmSegment(name_, base_, bytes_, false, true); }
+
   char* data() const { return static_cast<char*>(base_); }
   size_t size() const { return bytes_; }
   const std::string& name() const { return name_; }
 
  private:
-  ShmSegment(std::string name, void* base, size_t bytes, bool owner)
-      : name_(std::move(name)), base_(base), bytes_(bytes), owner_(owner) {}
+  ShmSegment(std::string name, void* base, size_t bytes, bool owner, bool borrowed = false)
+      : name_(std::move(name)), base_(base), bytes_(bytes), owner_(owner), borrowed_(borrowed) {}
   void release();
 
   std::string name_;
   void* base_ = nullptr;
   size_t bytes_ = 0;
   bool owner_ = false;  // created it: unlinks the name if still linked
+  bool borrowed_ = false;  // borrow(): another segment unmaps
 };
 
 }  // namespace hvd

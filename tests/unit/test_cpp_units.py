@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = ["test_autotune", "test_control_frames", "test_coordinator", "test_engine",
             "test_executor", "test_fast_lane", "test_frame_socket", "test_fusion",
-            "test_handle_table", "test_host_record", "test_message", "test_reduce",
+            "test_gloo_backend", "test_handle_table", "test_hierarchical_backend",
+            "test_host_record", "test_message", "test_reduce", "test_shm_backend",
             "test_shm_sync", "test_slot_writes", "test_stall_inspector", "test_stream_copy",
             "test_timeline"]
 CLOSING = re.compile(r"^(\d+) passed, (\d+) failed$")

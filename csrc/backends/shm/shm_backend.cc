@@ -158,6 +158,12 @@ ShmBackend::ShmBackend(ShmSegment segment, size_t slot_bytes, int rank,
       rank_(rank),
       size_(static_cast<int>(pids.size())),
       sync_(control_, rank, pids, ranks, config.engine_spin, config.op_timeout) {
+  // Pieces are cut in whole lines, one or more per rank (tryShmBackend rounds
+  // a setting up to that): anything less overruns the next rank's slot.
+  if (slot_bytes % kLine != 0 || slot_bytes < static_cast<size_t>(size_) * kLine)
+    throw std::invalid_argument("shm plane: slots of " + std::to_string(slot_bytes) +
+                                " bytes for " + std::to_string(size_) +
+                                " ranks (whole cache lines, at least one per rank)");
   for (auto& chooser : writes_) chooser = SlotWriteChooser(config.shm_slot_writes);
 }
 
@@ -407,8 +413,14 @@ std::unique_ptr<Backend> tryShmBackend(const Topology& topology, const EngineCon
   // waits for a descheduled peer, so fewer, larger rounds win (1 MiB).
   const long cores = static_cast<long>(std::thread::hardware_concurrency());
   const long fallback = (cores == 0 || n <= cores) ? 256 << 10 : 1 << 20;
-  const size_t slot_bytes = roundUp(
-      config.shm_slot_bytes > 0 ? config.shm_slot_bytes : static_cast<size_t>(fallback), kLine);
+  // At least a line per rank: every op cuts a slot into one piece per rank
+  // (alltoall: per other rank) of whole lines, and an alltoall's piece is
+  // never shorter than a line, so smaller slots (HVD_TORCH_SHM_SLOT_BYTES=64
+  // on 3 ranks) made pieces overrun into the next rank's slot.
+  const size_t slot_bytes = std::max(
+      roundUp(config.shm_slot_bytes > 0 ? config.shm_slot_bytes : static_cast<size_t>(fallback),
+              kLine),
+      static_cast<size_t>(n) * kLine);
   const size_t bytes = ShmBackend::segmentBytes(n, slot_bytes);
   ShmSegment segment;
   bool ok = ShmSync::canWatch(pids, me);
