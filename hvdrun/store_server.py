@@ -68,6 +68,11 @@ _ACCEPTS_PER_TURN = 64
 # How long the loop stops accepting when the process is out of descriptors and no
 # unauthenticated connection can be closed to make room.
 _ACCEPT_PAUSE = 0.1
+# The longest one select() waits.  epoll takes a C int of milliseconds (24.8 days), and
+# a GET or WAIT may ask for up to 0xFFFFFFFE ms (49.7 days): select() raised
+# OverflowError, which ended the loop's thread and with it the store (found by
+# tests/unit/test_store_fuzz.py).  The loop wakes once an hour and looks again.
+_MAX_SELECT = 3600.0
 _LISTENER, _WAKE = object(), object()
 
 
@@ -328,7 +333,7 @@ class KVStoreServer:
             deadlines.append(self._accept_paused_until)
         if not deadlines:
             return None
-        return max(0.0, min(deadlines) - time.monotonic())
+        return min(_MAX_SELECT, max(0.0, min(deadlines) - time.monotonic()))
 
     def _expire(self, now: float) -> None:
         while self._pending:

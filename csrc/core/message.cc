@@ -25,7 +25,8 @@ template <typename E>
 E getEnum(Reader& r, E last, const char* what) {
   const uint8_t v = r.get<uint8_t>();
   if (v > static_cast<uint8_t>(last))
-    throw WireError(std::string("unknown ") + what + " " + std::to_string(v) + " in control message");
+    throw WireError(std::string("unknown ") + what + " " + std::to_string(v) +
+                    " in control message");
   return static_cast<E>(v);
 }
 

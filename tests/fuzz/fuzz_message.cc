@@ -83,7 +83,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       default: {
         const ShapeList s = ShapeList::decode(r);
-        roundTrips(s, frame.size() - r.remaining(), [](const ShapeList& a, const ShapeList& b) { return a == b; });
+        roundTrips(s, frame.size() - r.remaining(),
+                   [](const ShapeList& a, const ShapeList& b) { return a == b; });
         for (size_t i = 0; i < s.size(); ++i) (void)s[i];
         break;
       }

@@ -18,7 +18,8 @@ struct ShmPeer {
 
   static ShmPeer decode(const std::string& text) {
     const size_t bar = text.rfind('|');
-    if (bar == std::string::npos) throw WireError("shared-memory peer record without a pid: " + text);
+    if (bar == std::string::npos)
+      throw WireError("shared-memory peer record without a pid: " + text);
     ShmPeer p;
     p.identity = text.substr(0, bar);
     // Decimal digits only, no sign, no leading zero, at most a pid's range
