@@ -1,5 +1,7 @@
 #include "control_frames.h"
 
+#include <algorithm>
+
 #include "wire.h"
 
 namespace hvd {
@@ -38,10 +40,12 @@ WorkerFrame decodeWorkerFrame(const std::string& frame, int rank) {
     return out;
   }
   if (kind != WorkerFrame::kRequests) throw WireError("unknown control frame from a rank");
-  // The count is the peer's: checked against what can follow before the
-  // reservation (an arrival takes at least a flag, a slot and a flag).
+  // The count is the peer's: checked against what can follow (an arrival
+  // takes at least a flag, a slot and a flag), and reserved for only up to a
+  // bound, since an Arrival is 48 times the 6 bytes of a cached one: past it
+  // the vector grows with arrivals that decoded, not with what a count claims.
   const uint32_t n = r.getCount(1 + 4 + 1);
-  out.arrivals.reserve(n);
+  out.arrivals.reserve(std::min<uint32_t>(n, 4096));
   for (uint32_t i = 0; i < n; ++i) {
     Arrival a;
     a.rank = rank;
