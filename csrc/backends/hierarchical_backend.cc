@@ -51,7 +51,9 @@ void HierarchicalBackend::allgatherv(const void* in, void* out, const std::vecto
     std::vector<size_t> local_counts;
     for (int p : mine) local_counts.push_back(counts[p]);
     local_->allgatherv(in, staged + host_first * elem, local_counts, dtype);
-  } else {
+  } else if (counts[rank_] > 0) {
+    // An empty input may have no storage: memcpy from null is undefined even
+    // for 0 bytes (UBSan, test_hierarchical_backend).
     std::memcpy(staged + host_first * elem, in, counts[rank_] * elem);
   }
   if (leaders_) {

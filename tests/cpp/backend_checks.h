@@ -368,15 +368,23 @@ inline void checkReducescatter(const std::vector<Backend*>& ranks, DataType t, R
   }
 }
 
-// allgatherv of counts[r] elements from rank r; in_place: each rank's input
-// already lies at its own place in its output.
+// Where each rank's input to an allgather lies: in a buffer of its own, at
+// its own place in its output (in place), or at the front of its output,
+// which is elsewhere for every rank but 0 (the plane must move it before
+// any other rank's rows land on it).
+enum class Placement { kApart, kOwnPlace, kAtFront };
+
+// allgatherv of counts[r] elements from rank r.
 inline void checkAllgather(const std::vector<Backend*>& ranks, DataType t,
-                           const std::vector<size_t>& counts, bool in_place) {
+                           const std::vector<size_t>& counts,
+                           Placement placement = Placement::kApart) {
   const int n = static_cast<int>(ranks.size());
   std::vector<size_t> first(n + 1, 0);
   for (int r = 0; r < n; ++r) first[r + 1] = first[r] + counts[r];
-  const std::string what = label("allgather", t, first[n], n) + (in_place ? " in place" : "") +
-                           ", rank 0 x" + std::to_string(counts[0]);
+  static const char* const kWhere[] = {"", " in place", " from the front of the output"};
+  const std::string what = label("allgather", t, first[n], n) +
+                           kWhere[static_cast<int>(placement)] + ", rank 0 x" +
+                           std::to_string(counts[0]);
   const size_t w = hvd::dataTypeSize(t);
   std::vector<char> want;
   for (int r = 0; r < n; ++r) {
@@ -384,14 +392,16 @@ inline void checkAllgather(const std::vector<Backend*>& ranks, DataType t,
     want.insert(want.end(), block.begin(), block.end());
   }
   std::vector<std::vector<char>> in(n), out(n);
+  std::vector<size_t> at(n, 0);  // the input's offset in the output, in bytes
   for (int r = 0; r < n; ++r) {
     in[r] = pattern(t, r, 0, counts[r]);
     out[r].assign(first[n] * w, '\x77');
-    if (in_place && !in[r].empty())  // memcpy from an empty vector's null is UB
-      std::memcpy(out[r].data() + first[r] * w, in[r].data(), in[r].size());
+    if (placement == Placement::kOwnPlace) at[r] = first[r] * w;
+    if (placement != Placement::kApart && !in[r].empty())  // memcpy from null is UB
+      std::memcpy(out[r].data() + at[r], in[r].data(), in[r].size());
   }
   const auto errors = onRanks(n, [&](int r) {
-    const void* src = in_place ? out[r].data() + first[r] * w : in[r].data();
+    const void* src = placement == Placement::kApart ? in[r].data() : out[r].data() + at[r];
     ranks[r]->allgatherv(src, out[r].data(), counts, t);
   });
   if (!noErrors(errors, what)) return;

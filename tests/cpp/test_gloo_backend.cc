@@ -70,10 +70,10 @@ void everyOp(const std::vector<Backend*>& ranks) {
   checkReducescatter(ranks, DataType::kUInt8, ReduceOp::kSum,
                      std::vector<size_t>(n, (9u << 20) / 2), 1.0, 1.0);
   for (DataType t : {DataType::kUInt8, DataType::kInt16, DataType::kFloat32, DataType::kFloat64}) {
-    checkAllgather(ranks, t, unevenCounts(n, 3), false);
-    checkAllgather(ranks, t, unevenCounts(n, largeCount(t) / n), false);
+    checkAllgather(ranks, t, unevenCounts(n, 3));
+    checkAllgather(ranks, t, unevenCounts(n, largeCount(t) / n));
   }
-  checkAllgather(ranks, DataType::kInt32, std::vector<size_t>(n, 5), true);
+  checkAllgather(ranks, DataType::kInt32, std::vector<size_t>(n, 5), Placement::kOwnPlace);
   for (DataType t : {DataType::kUInt8, DataType::kBFloat16, DataType::kInt64}) {
     for (int root : {0, n - 1}) {
       checkBroadcast(ranks, t, 7, root, false);
@@ -107,7 +107,7 @@ TEST(every_op_1_rank) {
   const auto ranks = pointers(made);
   checkAllreduce(ranks, DataType::kFloat32, ReduceOp::kSum, 100);
   checkReducescatter(ranks, DataType::kInt32, ReduceOp::kSum, {50}, 3.0, 0.5);
-  checkAllgather(ranks, DataType::kUInt8, {9}, false);
+  checkAllgather(ranks, DataType::kUInt8, {9});
   checkBroadcast(ranks, DataType::kInt64, 9, 0, false);
   checkAlltoall(ranks, DataType::kFloat64, {{4}});
   checkBarrier(ranks, 1);

@@ -62,9 +62,14 @@ void everyOp(const std::vector<Backend*>& ranks) {
     checkReducescatter(ranks, t, ReduceOp::kSum, unevenCounts(n, largeCount(t) / n), 1.0, 1.0);
   }
   for (DataType t : {DataType::kUInt8, DataType::kFloat32}) {
-    checkAllgather(ranks, t, unevenCounts(n, 3), false);
-    checkAllgather(ranks, t, unevenCounts(n, largeCount(t) / n), false);
+    checkAllgather(ranks, t, unevenCounts(n, 3));
+    checkAllgather(ranks, t, unevenCounts(n, largeCount(t) / n));
   }
+  // The last rank's host holding nothing (in the first layout, a host of one).
+  std::vector<size_t> none_last = unevenCounts(n, 40);
+  none_last[n - 1] = 0;
+  checkAllgather(ranks, DataType::kInt64, none_last);
+  checkReducescatter(ranks, DataType::kFloat32, ReduceOp::kSum, none_last, 0.5, 4.0);
   for (int root = 0; root < n; ++root) {  // a root on every host, leader or not
     checkBroadcast(ranks, DataType::kInt16, 9, root, false);
     checkBroadcast(ranks, DataType::kInt16, largeCount(DataType::kInt16), root, false);
@@ -97,7 +102,7 @@ TEST(allgather_not_split) {
   auto made = hostRanks({"a", "a", "b"}, false);
   if (made.empty()) return;
   const auto ranks = pointers(made);
-  checkAllgather(ranks, DataType::kInt32, unevenCounts(3, 1000), false);
+  checkAllgather(ranks, DataType::kInt32, unevenCounts(3, 1000));
   checkAllreduce(ranks, DataType::kFloat32, ReduceOp::kSum, 1000);
 }
 

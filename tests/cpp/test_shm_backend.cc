@@ -102,13 +102,12 @@ void everyOp(const std::vector<Backend*>& ranks) {
   }
   checkReducescatter(ranks, DataType::kInt32, ReduceOp::kMin, std::vector<size_t>(n, 1), 1.0, 1.0);
   for (DataType t : {DataType::kUInt8, DataType::kInt16, DataType::kFloat32, DataType::kFloat64}) {
-    for (bool in_place : {false, true}) {
-      checkAllgather(ranks, t, unevenCounts(n, 3), in_place);
-      checkAllgather(ranks, t, unevenCounts(n, largeCount(t) / n), in_place);
+    for (Placement p : {Placement::kApart, Placement::kOwnPlace, Placement::kAtFront}) {
+      checkAllgather(ranks, t, unevenCounts(n, 3), p);
+      checkAllgather(ranks, t, unevenCounts(n, largeCount(t) / n), p);
     }
   }
-  checkAllgather(ranks, DataType::kInt32, std::vector<size_t>(n, hugeCount(DataType::kInt32) / n),
-                 false);
+  checkAllgather(ranks, DataType::kInt32, std::vector<size_t>(n, hugeCount(DataType::kInt32) / n));
   for (DataType t : {DataType::kUInt8, DataType::kBFloat16, DataType::kInt64}) {
     for (int root : {0, n - 1}) {
       for (bool into : {false, true}) {
@@ -158,7 +157,7 @@ TEST(smallest_slots_3_ranks) {
   checkAllreduce(ranks, DataType::kFloat64, ReduceOp::kSum, 100);
   checkAllreduceSpans(ranks, DataType::kInt16, ReduceOp::kSum, {33, 0, 31}, 3.0, 0.5);
   checkReducescatter(ranks, DataType::kInt32, ReduceOp::kSum, unevenCounts(3, 20), 1.0, 1.0);
-  checkAllgather(ranks, DataType::kUInt8, unevenCounts(3, 70), false);
+  checkAllgather(ranks, DataType::kUInt8, unevenCounts(3, 70), Placement::kAtFront);
   checkBroadcast(ranks, DataType::kFloat32, 100, 2, false);
   checkAlltoall(ranks, DataType::kUInt8, unevenSends(3, 50));
   checkAlltoall(ranks, DataType::kInt64, unevenSends(3, 30));
@@ -212,7 +211,7 @@ TEST(factory_over_a_store_3_ranks) {
   CHECK_EQ(std::string(made[0]->name()), "shm");
   const auto ranks = pointers(made);
   checkAllreduce(ranks, DataType::kFloat32, ReduceOp::kSum, 20000);
-  checkAllgather(ranks, DataType::kInt32, unevenCounts(3, 5000), false);
+  checkAllgather(ranks, DataType::kInt32, unevenCounts(3, 5000));
   checkAlltoall(ranks, DataType::kFloat16, unevenSends(3, 3000));
   checkBarrier(ranks, 2);
 }
