@@ -7,10 +7,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from hvdrun.store_protocol import (  # noqa: E402
+from hvdrun.store_protocol import (
     I64, ST_ERROR, ST_INT, ST_KEYS, ST_OK, ST_TIMEOUT, ST_VALUE, error_reply, frame, pack_bytes,
     pack_strs,
-)
+)  # fmt: skip
 
 # The target's op numbers (fuzz_store_client.cc).
 SET, GET, WAIT, ADD, DELETE, CHECK, LIST = range(7)
