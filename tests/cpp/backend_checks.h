@@ -507,6 +507,14 @@ inline std::vector<std::vector<int64_t>> unevenSends(int n, int64_t unit) {
   return sends;
 }
 
+// Like unevenSends, but rank `idle` sends and receives nothing (its input
+// and output have no storage).
+inline std::vector<std::vector<int64_t>> sendsWithIdleRank(int n, int64_t unit, int idle) {
+  auto sends = unevenSends(n, unit);
+  for (int r = 0; r < n; ++r) sends[idle][r] = sends[r][idle] = 0;
+  return sends;
+}
+
 // Counts per rank, one of them empty when n > 2: rank r holds
 // unit * (r + 1) elements, except rank 1 of 3 or more, which holds none.
 inline std::vector<size_t> unevenCounts(int n, size_t unit) {

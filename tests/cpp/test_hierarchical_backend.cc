@@ -76,6 +76,7 @@ void everyOp(const std::vector<Backend*>& ranks) {
   }
   checkAlltoall(ranks, DataType::kFloat32, unevenSends(n, 7));
   checkAlltoall(ranks, DataType::kUInt8, unevenSends(n, static_cast<int64_t>(largeCount(DataType::kUInt8) / n)));
+  checkAlltoall(ranks, DataType::kInt32, sendsWithIdleRank(n, 11, n - 1));
   checkBarrier(ranks, 2);
 }
 

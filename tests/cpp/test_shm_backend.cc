@@ -121,6 +121,7 @@ void everyOp(const std::vector<Backend*>& ranks) {
     checkAlltoall(ranks, t, unevenSends(n, 5));
     checkAlltoall(ranks, t, unevenSends(n, static_cast<int64_t>(largeCount(t) / n)));
   }
+  checkAlltoall(ranks, DataType::kInt32, sendsWithIdleRank(n, 11, n - 1));
   checkBarrier(ranks, 3);
 }
 
