@@ -176,6 +176,8 @@ def test_static_job_with_elastic_code_still_fails_fast(tmp_path, job):
     ends the job with a clear error within seconds."""
     j = job(["-np", "3"], ELASTIC_JOB_EPOCHS=1000, ELASTIC_JOB_STEP_SLEEP=0.05)
     j.wait_for(_is_step(0, 3))
+    # Rank 1's start line comes over its own pipe: rank 0's steps can be ahead of it.
+    j.wait_for(lambda line: "EVENT start rank=1 " in line)
     victim = next(f for _, f in j.events("start") if f["rank"] == "1")
     killed_at = time.monotonic()
     os.kill(int(victim["pid"]), signal.SIGKILL)
