@@ -73,12 +73,20 @@ def _events(events_dir: Path, kind: str, after: float = 0.0) -> list[dict]:
     return sorted(out, key=lambda f: f["t"])
 
 
-def _wait_for(predicate, what: str, timeout: float = 60.0):
+def _wait_for(predicate, what: str, timeout: float = 150.0, job=None):
+    """Polls predicate until it holds. With job (a _Background), fails as soon
+    as the job ended without it, with the job's error. timeout is a safety net
+    only, under the test's own: three fresh actors on a loaded machine took
+    over 60 s to reach epoch 1's third step (make test-stress)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        ended = job is not None and job.done()
         value = predicate()
         if value:
             return value
+        if ended:
+            job.join(0)  # raises the job's error, if it failed
+            raise AssertionError(f"no {what}: the job ended without it")
         time.sleep(0.05)
     raise AssertionError(f"no {what} within {timeout:g}s")
 
@@ -98,6 +106,9 @@ class _Background:
             self.result = executor.run(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001  (re-raised by join)
             self.error = e
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
 
     def join(self, timeout: float):
         self._thread.join(timeout)
@@ -162,7 +173,7 @@ def test_killed_worker_actor_is_replaced_and_training_finishes(tmp_path):
         # Epoch 1, batch 2: one step past the commit after batch 1.
         _wait_for(
             lambda: any((f["epoch"], f["batch"]) == ("1", "2") for f in _events(tmp_path, "step")),
-            "step at epoch 1, batch 2",
+            "step at epoch 1, batch 2", job=job,
         )
         victim = next(f["worker"] for f in _events(tmp_path, "start") if f["rank"] == "0")
         killed_at = time.time()
@@ -201,7 +212,9 @@ def test_reset_limit_exhaustion_is_a_clear_error(tmp_path):
     executor.start(
         extra_env_vars={**_ENV, "ELASTIC_JOB_EPOCHS": "50", "ELASTIC_JOB_STEP_SLEEP": "0.02"}
     )
-    started = time.monotonic()
+    # No bound on its time: w1 alone would train all 50 epochs and return,
+    # so only the reset limit ends it with this error (a wall-clock bound of
+    # 60 s failed at 126 s on a loaded machine, the job correct).
     try:
         with pytest.raises(RuntimeError) as info:
             executor.run(_train_job, args=[str(tmp_path)], kwargs={"fail_unless": "w1"})
@@ -210,15 +223,15 @@ def test_reset_limit_exhaustion_is_a_clear_error(tmp_path):
     text = str(info.value)
     assert text.startswith("elastic job failed: reached reset_limit 1 resets"), text
     assert "RuntimeError: worker w3 failing on purpose" in text, text
-    assert time.monotonic() - started < 60
 
 
 def test_every_worker_failing_ends_the_job_at_once():
     """Horovod's rule: when every worker failed, none holds the committed
-    state, so the job fails (no retries, no wait for elastic_timeout)."""
-    executor = _executor(elastic_timeout=120)
+    state, so the job fails (no retries, no wait for elastic_timeout).
+    elastic_timeout is far past the test's own timeout, so a driver that waited
+    for it fails the test however fast or slow the machine is."""
+    executor = _executor(elastic_timeout=3600)
     executor.start()
-    started = time.monotonic()
     try:
         with pytest.raises(RuntimeError) as info:
             executor.run(_always_fails)
@@ -228,7 +241,7 @@ def test_every_worker_failing_ends_the_job_at_once():
     assert text.startswith("elastic job failed: every worker failed"), text
     assert "ValueError: broken training script" in text, text
     assert "in _always_fails" in text, text
-    assert time.monotonic() - started < 30
+    assert executor.resets == 0  # no retry
 
 
 def test_results_are_in_final_rank_order():
