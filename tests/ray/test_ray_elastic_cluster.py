@@ -48,7 +48,8 @@ def test_node_joins_then_leaves(cluster, tmp_path, monkeypatch):
 
     monkeypatch.setattr(elastic_job, "EPOCHS", EPOCHS)  # the reference's, read at import
 
-    settings = RayExecutor.create_settings(timeout_s=30, verbose=1)
+    # The workers' deadline to start and join a round, as test_ray_elastic's.
+    settings = RayExecutor.create_settings(timeout_s=90, verbose=1)
     executor = RayExecutor(settings, min_workers=2, max_workers=4, elastic_timeout=30)
     fast = tmp_path / "fast"  # once it exists, the steps stop sleeping
     executor.start(extra_env_vars={**_ENV, "ELASTIC_JOB_STEP_SLEEP": "0.1",

@@ -48,7 +48,11 @@ def test_execute_without_executable_cls_passes_none(warm_executor):
 
 @pytest.mark.parametrize("nworkers", [2, 3])
 def test_elastic_executor_start_executable_and_execute(nworkers):
-    settings = RayExecutor.create_settings(timeout_s=30, verbose=0)
+    # timeout_s is the workers' deadline to start and join round 1 (the driver
+    # kills a late one): fresh actors import torch and hvd_torch, and under
+    # make test-stress two and three of them missed 30 s. 90 s, as ray_harness's
+    # warm executor and test_ray_elastic give them.
+    settings = RayExecutor.create_settings(timeout_s=90, verbose=0)
     executor = RayExecutor(settings, min_workers=nworkers, max_workers=nworkers,
                            elastic_timeout=30)
     assert isinstance(executor, ElasticRayExecutor)
