@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -34,6 +35,11 @@ namespace hvd_test {
 using hvd::Backend;
 using hvd::DataType;
 using hvd::ReduceOp;
+
+// The tests' op and start timeouts (EngineConfig): large enough that a
+// failure is an exception, not a hang, yet far beyond any op here, even
+// under a sanitizer on a loaded machine.
+constexpr std::chrono::milliseconds kOpTimeout{60000};
 
 // Runs fn(rank) on one thread per rank and joins them all; returns each
 // rank's exception message ("" where none was thrown).
@@ -235,11 +241,24 @@ inline std::string label(const char* op, DataType t, size_t count, int n) {
          std::to_string(n) + " ranks";
 }
 
+// Elements of t in 300 KiB and a little more: past the size from which the
+// shared-memory plane chooses how to write its segment (256 KiB), and not a
+// multiple of any piece or line.
+inline size_t largeCount(DataType t) { return (300u << 10) / hvd::dataTypeSize(t) + 3; }
+
+// Every dtype a reduction takes here (bool is only ever moved).
+inline const std::vector<DataType>& reduceDtypes() {
+  static const std::vector<DataType> all = {DataType::kUInt8,   DataType::kInt8,
+                                            DataType::kInt32,   DataType::kInt64,
+                                            DataType::kFloat16, DataType::kBFloat16,
+                                            DataType::kFloat32, DataType::kFloat64};
+  return all;
+}
+
 // -------------------------------------------------------------- checks
 
-// allreduce(buf) in place; with `fused`, the backend's allreduceSpans over
-// several tensors (some in place, some not, one empty) with prescale and
-// postscale, which must then be offered.
+// allreduce(buf) in place, compared with the sum, min, max or product over
+// the ranks.
 inline void checkAllreduce(const std::vector<Backend*>& ranks, DataType t, ReduceOp op,
                            size_t count) {
   const int n = static_cast<int>(ranks.size());
@@ -262,6 +281,19 @@ inline void checkAllreduce(const std::vector<Backend*>& ranks, DataType t, Reduc
         break;
       }
     }
+  }
+}
+
+// allreduce() of every reduce dtype, from one element to large, as a sum;
+// min, max and product over a few.
+inline void checkAllreduceEveryDtype(const std::vector<Backend*>& ranks) {
+  for (DataType t : reduceDtypes()) {
+    for (size_t count : {size_t{1}, size_t{13}, size_t{1000}, largeCount(t)})
+      checkAllreduce(ranks, t, ReduceOp::kSum, count);
+  }
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    for (DataType t : {DataType::kInt32, DataType::kFloat16, DataType::kFloat64})
+      checkAllreduce(ranks, t, op, 1001);
   }
 }
 

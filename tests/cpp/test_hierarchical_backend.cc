@@ -22,10 +22,6 @@ using namespace hvd_test;
 
 namespace {
 
-// Large enough that a failure is an exception, not a hang, yet far beyond
-// any op here, even under a sanitizer on a loaded machine.
-constexpr std::chrono::milliseconds kOpTimeout{60000};
-
 // One rank per entry of `hosts`, named by it.
 std::vector<std::unique_ptr<Backend>> hostRanks(const std::vector<std::string>& hosts,
                                                 bool split_gather = true) {
@@ -45,8 +41,6 @@ std::vector<std::unique_ptr<Backend>> hostRanks(const std::vector<std::string>& 
     return makeHostBackend(t, config, store, "hvd/0/set0/");
   });
 }
-
-size_t largeCount(DataType t) { return (300u << 10) / dataTypeSize(t) + 3; }
 
 void everyOp(const std::vector<Backend*>& ranks) {
   const int n = static_cast<int>(ranks.size());
