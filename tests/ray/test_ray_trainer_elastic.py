@@ -34,11 +34,17 @@ def _progress(path) -> list[tuple[int, int, int, float]]:
     return [(int(e), int(b), int(p), float(t)) for e, b, p, t in rows]
 
 
-def _wait_for(predicate, what: str, timeout: float = 60.0):
+def _wait_for(predicate, what: str, job: threading.Thread, timeout: float = 150.0):
+    """Polls predicate until it holds; fails as soon as job ended without it.
+    timeout is a safety net only, under the test's own: on a loaded machine
+    (make test-stress) the second train()'s workers took over 60 s to reach it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        ended = not job.is_alive()
         if predicate():
             return
+        if ended:
+            raise AssertionError(f"no {what}: train() ended without it")
         time.sleep(0.05)
     raise AssertionError(f"no {what} within {timeout:g}s")
 
@@ -57,7 +63,7 @@ def test_killed_worker_mid_epoch_resumes_from_the_epochs_start(tmp_path):
         job = threading.Thread(target=lambda: outcome.update(stats=trainer.train()), daemon=True)
         job.start()
         _wait_for(lambda: any(e == 1 and b >= 1 for e, b, _, _ in _progress(progress)),
-                  "second batch of epoch 2")  # fmt: skip
+                  "second batch of epoch 2", job)  # fmt: skip
         victim = next(iter(trainer.executor.workers.values()))
         killed_at = time.time()
         ray.kill(victim, no_restart=True)
