@@ -9,15 +9,18 @@ without importing torch.
 
 from __future__ import annotations
 
+import hmac
+import os
 import socket
 import threading
 import time
 
 from .store_protocol import (
-    I64, OP_ADD, OP_AUTH, OP_CHECK, OP_DELETE, OP_GET, OP_LIST, OP_SET, OP_WAIT, ST_ERROR, ST_INT,
-    ST_KEYS, ST_OK, ST_TIMEOUT, ST_VALUE, U32, WAIT_FOREVER_MS, Reader, StoreAuthError, StoreError,
-    StoreTimeout, frame, make_secret, pack_bytes, pack_str, pack_strs, recv_exact, secret_from_hex,
-    secret_to_hex,
+    I64, NONCE_BYTES, OP_ADD, OP_CHECK, OP_DELETE, OP_GET, OP_HELLO, OP_LIST, OP_PROOF, OP_SET,
+    OP_WAIT, PROTOCOL_VERSION, ST_CHALLENGE, ST_ERROR, ST_INT, ST_KEYS, ST_OK, ST_TIMEOUT, ST_VALUE,
+    U32, WAIT_FOREVER_MS, Malformed, Reader, StoreAuthError, StoreError, StoreTimeout, client_proof,
+    frame, make_secret, pack_bytes, pack_str, pack_strs, recv_exact, secret_from_hex,
+    secret_to_hex, server_proof,
 )  # fmt: skip
 from .store_server import KVStoreServer, StoreLimits
 
@@ -50,17 +53,52 @@ class KVStoreClient:
         self._lock = threading.Lock()
         self._sock = _connect(host, port, connect_timeout, self.address)
         try:
-            status, body = self._call(
-                bytes([OP_AUTH]) + pack_bytes(bytes(secret)), _REPLY_SLACK, raw=True
-            )
-            if status == ST_ERROR:
-                raise StoreAuthError(
-                    f"the store at {self.address} refused this client: {body.str_()}"
-                )
-            self._expect((status, body), ST_OK, "AUTH")
+            self._handshake(bytes(secret))
         except BaseException:
             self.close()
             raise
+
+    def _handshake(self, secret: bytes) -> None:
+        """HELLO, the server's proof checked, then ours (store_protocol.py): the secret
+        never leaves this process, and a server that cannot prove it hears nothing."""
+        nonce = os.urandom(NONCE_BYTES)
+        hello = bytes([OP_HELLO]) + U32.pack(PROTOCOL_VERSION) + pack_bytes(nonce)
+        status, body = self._call(hello, _REPLY_SLACK, raw=True)
+        if status == ST_ERROR:
+            why = body.str_()
+            if "before AUTH" in why:  # what a version-1 store says to a HELLO
+                why = (
+                    f"store protocol version mismatch: this client speaks version "
+                    f"{PROTOCOL_VERSION}, the store speaks version 1 ({why})"
+                )
+            raise StoreAuthError(f"the store at {self.address} refused this client: {why}")
+        unproven = StoreAuthError(
+            f"the store at {self.address} could not prove it knows the job's secret "
+            "(is something else listening on the port?)"
+        )
+        if status != ST_CHALLENGE:
+            raise unproven
+        try:
+            version = body.u32()
+            if version != PROTOCOL_VERSION:
+                raise StoreAuthError(
+                    f"store protocol version mismatch: this client speaks version "
+                    f"{PROTOCOL_VERSION}, the store at {self.address} speaks version {version}"
+                )
+            server_nonce, proof = body.bytes_(), body.bytes_()
+            body.end()
+        except Malformed:
+            raise unproven from None
+        want = server_proof(secret, PROTOCOL_VERSION, nonce, server_nonce)
+        if len(server_nonce) != NONCE_BYTES or not hmac.compare_digest(proof, want):
+            raise unproven
+        mine = client_proof(secret, PROTOCOL_VERSION, nonce, server_nonce)
+        status, body = self._call(bytes([OP_PROOF]) + pack_bytes(mine), _REPLY_SLACK, raw=True)
+        if status == ST_ERROR:
+            raise StoreAuthError(
+                f"the store at {self.address} refused this client: {body.str_()}"
+            )
+        self._expect((status, body), ST_OK, "PROOF")
 
     def close(self) -> None:
         sock, self._sock = self._sock, None

@@ -5,7 +5,10 @@ byte of it.
 Binary, little-endian.  Every message in both directions is a frame: u32 payload
 length, then payload.  Request payload: u8 opcode, then arguments.  bytes/str are
 u32 length + raw bytes; integers are fixed-width.
-    1 AUTH(secret)                  -> OK, or ERROR and the server closes
+    9 HELLO(version u32, client nonce bytes)
+                                    -> CHALLENGE(version u32, server nonce bytes,
+                                       server proof bytes), or ERROR and close
+   10 PROOF(client proof bytes)     -> OK, or ERROR and the server closes
     2 SET(key, value)               -> OK (wakes waiters)
     3 GET(key, timeout_ms u32)      -> VALUE(value) or TIMEOUT([key])
     4 WAIT(n u32, keys.., timeout_ms u32) -> OK or TIMEOUT(missing keys)
@@ -14,18 +17,37 @@ u32 length + raw bytes; integers are fixed-width.
     7 CHECK(n u32, keys..)          -> INT(1) if all exist else INT(0)
     8 LIST(prefix)                  -> KEYS(existing keys starting with prefix)
 Reply payload: u8 status then body: 0 OK; 1 VALUE(bytes); 2 TIMEOUT(u32 n, n strs);
-3 ERROR(str); 4 INT(i64); 5 KEYS(u32 n, n strs).  timeout_ms 0xFFFFFFFF means wait
-forever.
+3 ERROR(str); 4 INT(i64); 5 KEYS(u32 n, n strs); 6 CHALLENGE(u32 version, bytes,
+bytes).  timeout_ms 0xFFFFFFFF means wait forever.
 
-AUTH must come first, in a frame of at most AUTH_FRAME_LIMIT bytes, within the
-server's AUTH deadline; a request before it, a larger first frame, a late one, or a
-malformed frame gets ERROR and the connection is closed.  Only an authenticated
+The handshake (PROTOCOL_VERSION 2) proves, both ways, that each side knows the job's
+secret without sending it: the client sends HELLO with a fresh 32-byte nonce; the
+server answers its own fresh nonce and
+    server proof = HMAC-SHA256(secret, "hvd-torch store server" | version u32 |
+                               client nonce | server nonce)
+which the client checks (in constant time) before it says anything else: a server
+that cannot prove it (something else listening on the port) learns nothing and is
+refused.  The client then sends
+    client proof = HMAC-SHA256(secret, "hvd-torch store client" | version u32 |
+                               client nonce | server nonce)
+which the server checks in constant time.  The two purposes keep one side's proof
+from serving as the other's; fresh nonces on both sides make a recorded handshake
+worthless (its proof is over a server nonce no later connection gets).  Cost: two
+round trips, 172 bytes.  Version 1 sent the secret itself (opcode 1, AUTH): a
+version-1 client is refused with an ERROR naming both versions, as is a HELLO of any
+other version; the client names both versions when the CHALLENGE's differs.
+
+HELLO and PROOF must come first, each in a frame of at most AUTH_FRAME_LIMIT bytes,
+both within the server's auth deadline; a request before them, a larger frame, a late
+one, or a malformed frame gets ERROR and the connection is closed.  Only an authenticated
 connection may send larger frames, up to the server's frame limit (StoreLimits in
 store_server.py).  A client sends one request and reads its reply before the next.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import socket
 import struct
@@ -34,13 +56,18 @@ __all__ = [
     "AUTH_FRAME_LIMIT",
     "I64",
     "OP_ADD",
-    "OP_AUTH",
+    "OP_AUTH_V1",
     "OP_CHECK",
     "OP_DELETE",
     "OP_GET",
+    "OP_HELLO",
     "OP_LIST",
+    "OP_PROOF",
+    "PROTOCOL_VERSION",
+    "NONCE_BYTES",
     "OP_SET",
     "OP_WAIT",
+    "ST_CHALLENGE",
     "ST_ERROR",
     "ST_INT",
     "ST_KEYS",
@@ -54,6 +81,7 @@ __all__ = [
     "StoreAuthError",
     "StoreError",
     "StoreTimeout",
+    "client_proof",
     "error_reply",
     "frame",
     "make_secret",
@@ -63,14 +91,21 @@ __all__ = [
     "recv_exact",
     "secret_from_hex",
     "secret_to_hex",
+    "server_proof",
 ]
 
-OP_AUTH, OP_SET, OP_GET, OP_WAIT, OP_ADD, OP_DELETE, OP_CHECK, OP_LIST = range(1, 9)
-ST_OK, ST_VALUE, ST_TIMEOUT, ST_ERROR, ST_INT, ST_KEYS = range(6)
+# OP_AUTH_V1 is version 1's AUTH(secret): recognized only to refuse it by name.
+OP_AUTH_V1, OP_SET, OP_GET, OP_WAIT, OP_ADD, OP_DELETE, OP_CHECK, OP_LIST = range(1, 9)
+OP_HELLO, OP_PROOF = 9, 10
+ST_OK, ST_VALUE, ST_TIMEOUT, ST_ERROR, ST_INT, ST_KEYS, ST_CHALLENGE = range(7)
 WAIT_FOREVER_MS = 0xFFFFFFFF
-# The largest first frame: an AUTH with a secret of up to 4 KiB.  Launchers make
-# 32-byte secrets; a user's HOROVOD_SECRET_KEY is hex of at least 16 bytes.
+PROTOCOL_VERSION = 2
+NONCE_BYTES = 32
+# The largest frame before the handshake ends (a HELLO or a PROOF is under 50 bytes);
+# the same 4 KiB version 1 allowed its AUTH.
 AUTH_FRAME_LIMIT = 4096
+_SERVER_PURPOSE = b"hvd-torch store server"
+_CLIENT_PURPOSE = b"hvd-torch store client"
 
 U32 = struct.Struct("<I")
 I64 = struct.Struct("<q")
@@ -81,7 +116,8 @@ class StoreError(RuntimeError):
 
 
 class StoreAuthError(StoreError):
-    """The server refused our secret."""
+    """The handshake failed: the server refused us, or could not prove it knows the
+    job's secret, or speaks another protocol version."""
 
 
 class StoreTimeout(StoreError):
@@ -98,6 +134,22 @@ class StoreTimeout(StoreError):
 
 class Malformed(StoreError):
     """A frame that does not parse; on the client side this surfaces as StoreError."""
+
+
+def _proof(purpose: bytes, secret: bytes, version: int, client_nonce: bytes,
+           server_nonce: bytes) -> bytes:
+    message = purpose + U32.pack(version) + client_nonce + server_nonce
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def server_proof(secret: bytes, version: int, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    """What the server sends to prove it knows the secret (see the module's text)."""
+    return _proof(_SERVER_PURPOSE, secret, version, client_nonce, server_nonce)
+
+
+def client_proof(secret: bytes, version: int, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    """What the client sends to prove it knows the secret."""
+    return _proof(_CLIENT_PURPOSE, secret, version, client_nonce, server_nonce)
 
 
 def make_secret() -> bytes:

@@ -5,7 +5,7 @@ rank's engine connects to it with the C++ client (csrc/core/store_client.h) to e
 addresses and wait for peers.  The wire format is in store_protocol.py.
 
 Why one thread.  A thread per connection let anyone who could reach the port pin a
-thread and, before its secret was checked, a whole frame of up to 1 GiB; a failed
+thread and, before its handshake, a whole frame of up to 1 GiB; a failed
 thread start ended the accept loop.  Here no connection costs more than its socket
 and its buffers, and nothing is started per connection.  A blocking GET or WAIT is a
 parked waiter, not a blocked thread: it is answered when a SET or ADD makes its keys
@@ -13,12 +13,13 @@ exist, when its timeout passes, or with ERROR when the store stops; a waiter who
 client hangs up is dropped at once (its EOF is a read event like any other).
 
 What an unauthenticated client may cost (StoreLimits; docs/multihost.md):
-  - its first frame must be AUTH, at most AUTH_FRAME_LIMIT (4 KiB) bytes, complete
-    within auth_timeout of connecting; anything else is answered ERROR and closed,
-    so at most 4 KiB is buffered per such connection;
-  - at most max_pending of them are held at once: a new one closes the oldest, so
-    idle or slow connections cannot lock out a rank whose AUTH arrives within
-    milliseconds of its connect;
+  - its first frames must be the handshake's HELLO and PROOF (store_protocol.py),
+    each at most AUTH_FRAME_LIMIT (4 KiB) bytes, complete within auth_timeout of
+    connecting; anything else is answered ERROR and closed, so at most 4 KiB is
+    buffered per such connection;
+  - at most max_pending of them are held at once: a new one closes the oldest that
+    has not sent its HELLO (else the oldest), so idle or slow connections cannot lock
+    out a rank whose handshake ends within milliseconds of its connect;
   - running out of descriptors (EMFILE) also closes the oldest unauthenticated one.
 An authenticated client may send frames up to max_frame; at most max_clients are
 authenticated at once (a job's ranks and launchers need a few per rank).
@@ -32,6 +33,7 @@ import errno
 import heapq
 import hmac
 import itertools
+import os
 import selectors
 import socket
 import threading
@@ -42,9 +44,10 @@ from . import config
 from .args import UsageError, positive_float, positive_int
 from .output import note
 from .store_protocol import (
-    AUTH_FRAME_LIMIT, I64, OP_ADD, OP_AUTH, OP_CHECK, OP_DELETE, OP_GET, OP_LIST, OP_SET, OP_WAIT,
-    ST_INT, ST_KEYS, ST_OK, ST_TIMEOUT, ST_VALUE, U32, WAIT_FOREVER_MS, Malformed, Reader,
-    StoreError, error_reply, frame, make_secret, pack_bytes, pack_strs,
+    AUTH_FRAME_LIMIT, I64, NONCE_BYTES, OP_ADD, OP_AUTH_V1, OP_CHECK, OP_DELETE, OP_GET, OP_HELLO,
+    OP_LIST, OP_PROOF, OP_SET, OP_WAIT, PROTOCOL_VERSION, ST_CHALLENGE, ST_INT, ST_KEYS, ST_OK,
+    ST_TIMEOUT, ST_VALUE, U32, WAIT_FOREVER_MS, Malformed, Reader, StoreError, client_proof,
+    error_reply, frame, make_secret, pack_bytes, pack_strs, server_proof,
 )  # fmt: skip
 
 __all__ = [
@@ -80,7 +83,7 @@ _LISTENER, _WAKE = object(), object()
 class StoreLimits:
     """What one store serves at most.  for_job() applies the HVD_TORCH_STORE_* overrides.
 
-    auth_timeout: seconds from accept() to a complete AUTH frame.
+    auth_timeout: seconds from accept() to the handshake's end.
     max_pending: unauthenticated connections held at once; a new one closes the oldest.
     max_clients: authenticated connections at once; beyond it a new connection is
         closed at once, with ERROR.
@@ -131,6 +134,7 @@ class _Conn:
         "deadline",
         "fd",
         "inbuf",
+        "nonces",
         "outbuf",
         "sock",
         "waiter",
@@ -140,8 +144,9 @@ class _Conn:
     def __init__(self, sock: socket.socket, deadline: float):
         self.sock = sock
         self.fd = sock.fileno()
-        self.deadline = deadline  # for a complete AUTH
+        self.deadline = deadline  # for the end of the handshake
         self.authed = False
+        self.nonces: tuple[bytes, bytes] | None = None  # (client's, ours) after HELLO
         self.closed = False
         self.writing = False  # registered for EVENT_WRITE
         self.inbuf = bytearray()
@@ -284,7 +289,7 @@ class KVStoreServer:
             end.close()
 
     def _turn(self) -> None:
-        """One select() and what it found: reads first, so that an AUTH which has
+        """One select() and what it found: reads first, so that a handshake frame which has
         arrived is handled before new connections could push its connection out."""
         ready = self._selector.select(self._next_timeout())
         accept = False
@@ -342,7 +347,8 @@ class KVStoreServer:
                 break
             self._refuse(
                 conn,
-                f"no AUTH within {self.limits.auth_timeout:g}s of connecting ({AUTH_TIMEOUT_ENV})",
+                f"no handshake within {self.limits.auth_timeout:g}s of connecting "
+                f"({AUTH_TIMEOUT_ENV})",
             )
         while self._timers and self._timers[0][0] <= now:
             _, _, conn, waiter = heapq.heappop(self._timers)
@@ -399,8 +405,67 @@ class KVStoreServer:
         self._pending[conn.fd] = conn
         self._selector.register(sock, selectors.EVENT_READ, conn)
 
+    def _handshake(self, conn: _Conn, op: int, req: Reader) -> None:
+        """HELLO then PROOF (store_protocol.py): the secret is proven, never sent."""
+        if op == OP_AUTH_V1:
+            self._refuse(
+                conn,
+                f"store protocol version mismatch: this client speaks version 1 (it sends the "
+                f"secret), this store speaks version {PROTOCOL_VERSION}: run the same "
+                "hvd-torch on every host",
+            )
+        elif op == OP_HELLO and conn.nonces is None:
+            # The version first, before the rest is parsed: another version's HELLO
+            # may carry other fields.
+            version = req.u32()
+            if version != PROTOCOL_VERSION:
+                self._refuse(
+                    conn,
+                    f"store protocol version mismatch: this client speaks version {version}, "
+                    f"this store speaks version {PROTOCOL_VERSION}: run the same hvd-torch "
+                    "on every host",
+                )
+                return
+            client_nonce = req.bytes_()
+            req.end()
+            if len(client_nonce) != NONCE_BYTES:
+                raise Malformed(f"a HELLO's nonce must be {NONCE_BYTES} bytes")
+            nonce = os.urandom(NONCE_BYTES)
+            conn.nonces = (client_nonce, nonce)
+            proof = server_proof(self.secret, PROTOCOL_VERSION, client_nonce, nonce)
+            self._reply(
+                conn,
+                bytes([ST_CHALLENGE]) + U32.pack(PROTOCOL_VERSION) + pack_bytes(nonce)
+                + pack_bytes(proof),
+            )
+        elif op == OP_PROOF and conn.nonces is not None:
+            proof = req.bytes_()
+            req.end()
+            want = client_proof(self.secret, PROTOCOL_VERSION, *conn.nonces)
+            conn.nonces = None  # one proof per HELLO: no second guess on these nonces
+            if not hmac.compare_digest(proof, want):
+                self._refuse(conn, "bad proof: this client does not know the job's secret")
+            elif self._authed >= self.limits.max_clients:
+                self._refuse(conn, self._clients_full())
+            else:
+                del self._pending[conn.fd]
+                conn.authed = True
+                self._authed += 1
+                self._reply(conn, bytes([ST_OK]))
+        else:
+            step = "PROOF" if conn.nonces is not None else "HELLO"
+            self._refuse(conn, f"request (opcode {op}) where the handshake's {step} belongs")
+
     def _evict_oldest(self, why: str) -> None:
-        self._refuse(next(iter(self._pending.values())), f"{why}; this one was the oldest")
+        # The oldest that has not begun the handshake: one between HELLO and PROOF
+        # (a rank's lasts a round trip) is not pushed out by connections that only
+        # connected, so a flood of idle ones costs a rank nothing.  Only when every
+        # pending connection has sent a HELLO does the oldest of them go.
+        pending = self._pending.values()
+        victim = next((c for c in pending if c.nonces is None), None)
+        if victim is None:
+            victim = next(iter(pending))
+        self._refuse(victim, f"{why}; this one was the oldest")
 
     def _clients_full(self) -> str:
         return (
@@ -417,7 +482,7 @@ class KVStoreServer:
             self._read(conn)
 
     def _read(self, conn: _Conn) -> None:
-        # Before AUTH, never more than the largest AUTH frame is buffered.
+        # Before the handshake ends, never more than its largest frame is buffered.
         want = _RECV_CHUNK if conn.authed else AUTH_FRAME_LIMIT + 4 - len(conn.inbuf)
         try:
             data = conn.sock.recv(max(want, 1))
@@ -461,8 +526,8 @@ class KVStoreServer:
             return "bad frame length 0"
         if not conn.authed:
             return (
-                f"bad frame length {length}: a connection's first frame is an AUTH of at most "
-                f"{AUTH_FRAME_LIMIT} bytes"
+                f"bad frame length {length}: a connection's first frames are a handshake of "
+                f"at most {AUTH_FRAME_LIMIT} bytes each"
             )
         return (
             f"bad frame length {length}: larger than the store's limit of "
@@ -510,23 +575,8 @@ class KVStoreServer:
 
     def _request(self, conn: _Conn, req: Reader) -> None:
         op = req.u8()
-        if op == OP_AUTH:
-            secret = req.bytes_()
-            req.end()
-            if not hmac.compare_digest(secret, self.secret):
-                self._refuse(conn, "bad secret: this client does not belong to the job")
-            elif conn.authed:
-                self._reply(conn, bytes([ST_OK]))
-            elif self._authed >= self.limits.max_clients:
-                self._refuse(conn, self._clients_full())
-            else:
-                del self._pending[conn.fd]
-                conn.authed = True
-                self._authed += 1
-                self._reply(conn, bytes([ST_OK]))
-            return
         if not conn.authed:
-            self._refuse(conn, f"request (opcode {op}) before AUTH")
+            self._handshake(conn, op, req)
             return
 
         if op == OP_SET:

@@ -14,15 +14,21 @@
 #include <cstring>
 #include <thread>
 
+#include "hmac_sha256.h"
+
 namespace hvd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// Opcodes and reply statuses: the protocol in hvd_torch/runner/store.py.
-enum Op : uint8_t { kAuth = 1, kSet, kGet, kWait, kAdd, kDelete, kCheck, kList };
-enum Status : uint8_t { kOk = 0, kValue, kTimeout, kError, kInt, kKeys };
+// Opcodes and reply statuses: the protocol in hvdrun/store_protocol.py. Opcode
+// 1 was version 1's AUTH, which sent the secret.
+enum Op : uint8_t { kSet = 2, kGet, kWait, kAdd, kDelete, kCheck, kList, kHello, kProof };
+enum Status : uint8_t { kOk = 0, kValue, kTimeout, kError, kInt, kKeys, kChallenge };
+
+constexpr uint32_t kProtocolVersion = 2;
+constexpr size_t kNonceBytes = 32;
 
 constexpr uint32_t kWaitForeverMs = 0xFFFFFFFFu;
 constexpr uint32_t kMaxFrame = 1u << 30;
@@ -57,6 +63,18 @@ uint32_t wireTimeout(milliseconds timeout) {
   if (timeout.count() < 0) return kWaitForeverMs;
   return static_cast<uint32_t>(
       std::min<int64_t>(timeout.count(), static_cast<int64_t>(kWaitForeverMs) - 1));
+}
+
+// HMAC-SHA256(secret, purpose | version | client nonce | server nonce): the
+// proofs of store_protocol.py.
+std::string proof(const char* purpose, const std::string& secret, uint32_t version,
+                  const std::string& clientNonce, const std::string& serverNonce) {
+  std::string message(purpose);
+  putU32(message, version);
+  message += clientNonce;
+  message += serverNonce;
+  const Digest256 d = hmacSha256(secret, message);
+  return std::string(reinterpret_cast<const char*>(d.data()), d.size());
 }
 
 Clock::time_point replyDeadline(milliseconds timeout) {
@@ -125,33 +143,72 @@ StoreClient::StoreClient(std::string host, int port, std::string secret,
                          milliseconds connect_timeout)
     : host_(std::move(host)), port_(port), address_(host_ + ":" + std::to_string(port)) {
   connect(connect_timeout);
-  authenticate(secret);
+  handshake(secret, randomBytes(kNonceBytes));
 }
 
-StoreClient::StoreClient(int connected_fd, std::string address, const std::string& secret)
+StoreClient::StoreClient(int connected_fd, std::string address, const std::string& secret,
+                         const std::string& client_nonce)
     : port_(0), address_(std::move(address)), fd_(connected_fd) {
   ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
-  authenticate(secret);
+  handshake(secret, client_nonce);
 }
 
-void StoreClient::authenticate(const std::string& secret) {
-  std::string req(1, static_cast<char>(kAuth));
-  putStr(req, secret);
-  Reply reply;
+void StoreClient::handshake(const std::string& secret, const std::string& client_nonce) {
+  // The secret never goes on the wire: HELLO carries our nonce, the server
+  // proves itself over both nonces, and only then do we prove ourselves.
   try {
-    reply = call(req, milliseconds(0));
+    std::string hello(1, static_cast<char>(kHello));
+    putU32(hello, kProtocolVersion);
+    putStr(hello, client_nonce);
+    Reply reply = call(hello, milliseconds(0));
+    if (reply.status == kError) {
+      std::string why = Parser(reply.body, address_).str();
+      if (why.find("before AUTH") != std::string::npos) {  // a version-1 store's words
+        why = "store protocol version mismatch: this client speaks version " +
+              std::to_string(kProtocolVersion) + ", the store speaks version 1 (" + why + ")";
+      }
+      throw StoreError("the store at " + address_ + " refused this client: " + why);
+    }
+    const StoreError unproven("the store at " + address_ +
+                              " could not prove it knows the job's secret (is something else "
+                              "listening on the port?)");
+    if (reply.status != kChallenge) throw unproven;
+    std::string serverNonce, serverProof;
+    uint32_t version = 0;
+    try {
+      Parser p(reply.body, address_);
+      version = p.u32();
+      if (version == kProtocolVersion) {
+        serverNonce = p.str();
+        serverProof = p.str();
+      }
+    } catch (const StoreError&) {
+      throw unproven;
+    }
+    if (version != kProtocolVersion) {
+      throw StoreError("store protocol version mismatch: this client speaks version " +
+                       std::to_string(kProtocolVersion) + ", the store at " + address_ +
+                       " speaks version " + std::to_string(version));
+    }
+    const std::string want =
+        proof("hvd-torch store server", secret, kProtocolVersion, client_nonce, serverNonce);
+    if (serverNonce.size() != kNonceBytes || !constantTimeEqual(serverProof, want)) {
+      throw unproven;
+    }
+    std::string mine(1, static_cast<char>(kProof));
+    putStr(mine, proof("hvd-torch store client", secret, kProtocolVersion, client_nonce,
+                       serverNonce));
+    reply = call(mine, milliseconds(0));
+    if (reply.status == kError) {
+      throw StoreError("the store at " + address_ +
+                       " refused this client: " + Parser(reply.body, address_).str());
+    }
+    if (reply.status != kOk) {
+      throw StoreError("unexpected reply to the handshake's PROOF from the store at " + address_);
+    }
   } catch (...) {
     closeSocket();
     throw;
-  }
-  if (reply.status == kError) {
-    closeSocket();
-    std::string why = Parser(reply.body, address_).str();
-    throw StoreError("the store at " + address_ + " refused this client: " + why);
-  }
-  if (reply.status != kOk) {
-    closeSocket();
-    throw StoreError("unexpected reply to AUTH from the store at " + address_);
   }
 }
 

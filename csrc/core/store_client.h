@@ -24,7 +24,7 @@
 
 namespace hvd {
 
-// I/O failure, a refused secret, or an ERROR reply. The message names the
+// I/O failure, a failed handshake, or an ERROR reply. The message names the
 // store's host:port.
 class StoreError : public std::runtime_error {
  public:
@@ -47,9 +47,13 @@ class StoreClient {
   // Wait as long as the server lives (timeout_ms 0xFFFFFFFF on the wire).
   static constexpr std::chrono::milliseconds kForever{-1};
 
-  // Connects and authenticates. Connecting is retried until connect_timeout
-  // because ranks may start before the server listens. Throws StoreError naming
-  // host:port and the timeout on failure, or on a refused secret.
+  // Connects and runs the handshake (hvdrun/store_protocol.py): each side
+  // proves it knows the secret over fresh nonces, which never crosses the
+  // wire; a server that cannot prove it is refused before it hears anything
+  // else. Connecting is retried until connect_timeout because ranks may start
+  // before the server listens. Throws StoreError naming host:port and the
+  // timeout on failure, on a failed proof either way, or on a version mismatch
+  // (naming both versions).
   StoreClient(std::string host, int port, std::string secret,
               std::chrono::milliseconds connect_timeout);
   virtual ~StoreClient();
@@ -88,13 +92,15 @@ class StoreClient {
   // A store in this process (a subclass overrides every request): no socket.
   explicit StoreClient(std::string address) : port_(0), address_(std::move(address)) {}
   // Over a socket already connected to a store, which it owns from now on;
-  // authenticates as the public constructor does (tests/fuzz drives the
-  // client's reply parsing through a socket pair this way).
-  StoreClient(int connected_fd, std::string address, const std::string& secret);
+  // runs the handshake as the public constructor does, with the given client
+  // nonce (tests/fuzz drives the client's reply parsing through a socket pair
+  // this way, its recorded replies proven over that nonce).
+  StoreClient(int connected_fd, std::string address, const std::string& secret,
+              const std::string& client_nonce);
 
  private:
   struct Reply;
-  void authenticate(const std::string& secret);
+  void handshake(const std::string& secret, const std::string& client_nonce);
   // A reply's payload of `len` bytes, read as it arrives.
   std::string readPayload(uint32_t len, std::chrono::steady_clock::time_point deadline);
   Reply call(const std::string& request, std::chrono::milliseconds timeout);

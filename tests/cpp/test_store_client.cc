@@ -5,6 +5,9 @@
 //                                                     server is stopped
 //   test_store_client HOST PORT SECRET_HEX --oversized  send a frame over the
 //                                                     server's limit
+//   test_store_client HOST PORT SECRET_HEX --refused  connect to something that
+//                                                     is not the job's store: the
+//                                                     handshake must fail
 //
 // The caller (tests/launcher/test_store.py) serves the store and sets "py/hello" to
 // "from python" beforehand, so the two implementations are checked against each
@@ -145,7 +148,8 @@ TEST(wrongSecret) {
     StoreClient bad(gHost, gPort, "wrong secret", milliseconds(5000));
     CHECK(!"a wrong secret was accepted");
   } catch (const StoreError& e) {
-    CHECK(contains(e.what(), "refused"));
+    // The client checks the server's proof first; with another secret it fails.
+    CHECK(contains(e.what(), "could not prove it knows the job's secret"));
     CHECK(contains(e.what(), std::to_string(gPort)));
   }
   auto good = connect();  // the server keeps serving the job's clients
@@ -243,11 +247,24 @@ int runOversized() {
   }
 }
 
+// Against a listener that is not the job's store (tests/launcher/
+// test_store_auth.py): the constructor must throw; prints its message.
+int runRefused() {
+  try {
+    StoreClient c(gHost, gPort, gSecret, milliseconds(5000));
+    std::printf("FAIL refused: the handshake succeeded\n");
+    return 1;
+  } catch (const StoreError& e) {
+    std::printf("refused: %s\n", e.what());
+    return 0;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s HOST PORT SECRET_HEX [--closed|--oversized]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s HOST PORT SECRET_HEX [--closed|--oversized|--refused]\n", argv[0]);
     return 2;
   }
   gHost = argv[1];
@@ -255,5 +272,6 @@ int main(int argc, char** argv) {
   gSecret = fromHex(argv[3]);
   if (argc > 4 && std::string(argv[4]) == "--closed") return runClosed();
   if (argc > 4 && std::string(argv[4]) == "--oversized") return runOversized();
+  if (argc > 4 && std::string(argv[4]) == "--refused") return runRefused();
   return check::runAll();
 }

@@ -2,8 +2,10 @@
 // which come from the store server, or from whatever answers at its address.
 //
 // Input: a count and that many op bytes (SET, GET, WAIT, ADD, DELETE, CHECK,
-// LIST), then the byte stream the "server" sends: the AUTH reply first, then
-// one reply per op. The stream goes into one end of a socket pair, whose
+// LIST), then the byte stream the "server" sends: the handshake's CHALLENGE
+// and its answer to our PROOF first, then one reply per op. The client's nonce
+// is fixed (kNonce), so a recorded CHALLENGE (the seeds, store_replies.py) can
+// carry a valid server proof; a mutated one must be refused. The stream goes into one end of a socket pair, whose
 // write side is then shut, so the client never waits: it reads a reply or
 // the end of the stream. A small model of the protocol
 // (hvdrun/store_protocol.py) reads the same stream and says what each call
@@ -13,6 +15,7 @@
 
 #include <vector>
 
+#include "core/hmac_sha256.h"
 #include "core/store_client.h"
 #include "fuzz_check.h"
 
@@ -20,8 +23,11 @@ using namespace hvd;
 
 namespace {
 
-enum Status : uint8_t { kOk = 0, kValue, kTimeout, kError, kInt, kKeys };
+enum Status : uint8_t { kOk = 0, kValue, kTimeout, kError, kInt, kKeys, kChallenge };
 constexpr uint32_t kMaxFrame = 1u << 30;
+constexpr uint32_t kVersion = 2;
+const std::string kSecret = "secret";
+const std::string kNonce(32, 'n');
 enum Op : uint8_t { kSet, kGet, kWait, kAdd, kDelete, kCheck, kList, kOps };
 
 // What a call gave: a value, a StoreTimeout with its keys, or a StoreError.
@@ -95,6 +101,25 @@ class Model {
     return true;
   }
 
+  // The handshake as the protocol defines it: a CHALLENGE of our version with
+  // a 32-byte nonce and the server's proof over kNonce and it, then OK.
+  bool handshake() {
+    uint8_t status = 0;
+    std::string text;
+    if (!next(&status, &text) || status != kChallenge) return false;
+    Body b{text};
+    const uint32_t version = b.u32();
+    const std::string nonce = b.str();
+    const std::string proof = b.str();
+    if (!b.ok || version != kVersion || nonce.size() != 32) return false;
+    std::string message = "hvd-torch store server";
+    message.append(reinterpret_cast<const char*>(&version), 4);  // little-endian hosts only
+    message += kNonce + nonce;
+    const Digest256 want = hmacSha256(kSecret, message);
+    if (proof != std::string(reinterpret_cast<const char*>(want.data()), want.size())) return false;
+    return next(&status, &text) && status == kOk;
+  }
+
   Outcome expect(Op op) {
     uint8_t status = 0;
     std::string text;
@@ -151,7 +176,7 @@ class Model {
 
 class SocketStore : public StoreClient {
  public:
-  SocketStore(int fd) : StoreClient(fd, "fuzz:0", "secret") {}
+  SocketStore(int fd) : StoreClient(fd, "fuzz:0", kSecret, kNonce) {}
 };
 
 Outcome call(StoreClient& client, Op op) {
@@ -194,9 +219,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ::shutdown(fds[1], SHUT_WR);  // the end of the stream: a server that hung up
 
   Model model(stream);
-  uint8_t auth = 0;
-  std::string why;
-  const bool accepted = model.next(&auth, &why) && auth == kOk;
+  const bool accepted = model.handshake();
   try {
     SocketStore client(fds[0]);
     FUZZ_CHECK(accepted);

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from store_wire import handshake
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -133,7 +134,9 @@ def test_secret_hex_roundtrip():
 
 
 def test_wrong_secret_refused_and_server_keeps_serving(server):
-    with pytest.raises(StoreAuthError, match="refused") as info:
+    # The client checks the server first: with another secret, the server's proof
+    # does not verify and the client goes no further.
+    with pytest.raises(StoreAuthError, match="could not prove it knows the job's secret") as info:
         KVStoreClient(server.host, server.port, b"wrong", connect_timeout=5)
     assert server.address in str(info.value)
     with _connect(server) as good:
@@ -141,20 +144,19 @@ def test_wrong_secret_refused_and_server_keeps_serving(server):
         assert good.get("after", timeout=1) == b"ok"
 
 
-def test_request_before_auth_is_refused_and_closed(server):
+def test_request_before_the_handshake_is_refused_and_closed(server):
     with socket.create_connection((server.host, server.port), timeout=5) as sock:
         key = b"k"
         sock.sendall(_frame(bytes([2]) + struct.pack("<I", 1) + key + struct.pack("<I", 0)))
         reply = _read_reply(sock)
-        assert reply[0] == 3 and b"before AUTH" in reply
+        assert reply[0] == 3 and b"where the handshake's HELLO belongs" in reply
         assert _closed(sock)
     assert server.snapshot() == {}
 
 
 def test_malformed_frame_is_refused_and_closed(server):
     with socket.create_connection((server.host, server.port), timeout=5) as sock:
-        sock.sendall(_frame(bytes([1]) + struct.pack("<I", len(server.secret)) + server.secret))
-        assert _read_reply(sock) == bytes([0])
+        handshake(sock, server.secret)
         sock.sendall(_frame(bytes([2]) + struct.pack("<I", 100) + b"short"))  # truncated key
         reply = _read_reply(sock)
         assert reply[0] == 3 and b"malformed" in reply
@@ -282,7 +284,8 @@ def cpp_store_client(tmp_path_factory):
     exe = tmp_path_factory.mktemp("cpp") / "test_store_client"
     cmd = [
         gxx, "-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
-        str(ROOT / "csrc/core/store_client.cc"), str(ROOT / "tests/cpp/test_store_client.cc"),
+        str(ROOT / "csrc/core/store_client.cc"), str(ROOT / "csrc/core/hmac_sha256.cc"),
+        str(ROOT / "tests/cpp/test_store_client.cc"),
         "-o", str(exe),
     ]  # fmt: skip
     build = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)

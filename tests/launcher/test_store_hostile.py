@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+from store_wire import handshake
 
 from hvdrun.store import (
     KVStoreClient, KVStoreServer, StoreAuthError, StoreError, StoreLimits, secret_from_hex,
@@ -81,10 +82,6 @@ RANK_SCRIPT = textwrap.dedent(
 
 def _frame(payload: bytes) -> bytes:
     return struct.pack("<I", len(payload)) + payload
-
-
-def _auth(secret: bytes) -> bytes:
-    return _frame(bytes([1]) + struct.pack("<I", len(secret)) + secret)
 
 
 def _vm_kib(pid: int, field: str) -> int:
@@ -179,8 +176,8 @@ class Attacker:
             s = _connect(self.port)
             if s is not None:
                 s.settimeout(0.5)
-                # A legal AUTH header for a 4000-byte secret that never comes.
-                s.sendall(struct.pack("<I", 4005) + bytes([1]) + struct.pack("<I", 4000))
+                # A legal header for a 4005-byte HELLO whose rest never comes.
+                s.sendall(struct.pack("<I", 4005) + bytes([9]) + struct.pack("<I", 2))
                 self.slow.append(s)
                 self.count("slow")
 
@@ -231,8 +228,8 @@ class Attacker:
         with s:
             s.sendall(_frame(bytes([2]) + struct.pack("<I", 1) + b"k" + struct.pack("<I", 0)))
             reply = _read_reply(s)
-            if reply is not None and (reply[:1] != b"\x03" or b"before AUTH" not in reply):
-                self.failures.append(f"request before AUTH answered {reply!r}")
+            if reply is not None and (reply[:1] != b"\x03" or b"HELLO belongs" not in reply):
+                self.failures.append(f"request before the handshake answered {reply!r}")
         self.count("before auth")
 
     def oversized_unauthenticated(self, n: int, megabytes: int) -> int:
@@ -455,7 +452,7 @@ def test_store_serves_when_no_thread_can_start_and_descriptors_run_out():
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-    print(f"\nstarved store: connect + AUTH + ADD max {max(latencies) * 1e3:.1f} ms")
+    print(f"\nstarved store: connect + handshake + ADD max {max(latencies) * 1e3:.1f} ms")
     assert proc.returncode == 0 and "stopped" in out, errors
     assert "Traceback" not in errors, errors
     assert max(latencies) < LATENCY_LIMIT, latencies
@@ -511,12 +508,11 @@ def _str(text: str) -> bytes:
 def test_pipelined_requests_are_answered_in_order(small_store):
     with socket.create_connection((HOST, small_store.port), timeout=5) as s:
         forever = struct.pack("<I", 0xFFFFFFFF)
+        handshake(s, small_store.secret)
         s.sendall(
-            _auth(small_store.secret)
-            + _request(3, _str("late"), forever)  # GET: parks until "late" is set
+            _request(3, _str("late"), forever)  # GET: parks until "late" is set
             + _request(5, _str("n"), struct.pack("<q", 2))  # ADD, behind the GET
         )
-        assert _read_reply(s) == b"\x00"
         with _client(small_store) as c:
             c.set("late", b"now")
         assert _read_reply(s) == b"\x01" + _str("now")
@@ -541,15 +537,14 @@ def test_wait_sees_a_key_deleted_while_it_waited(small_store):
 @pytest.mark.timeout(30)
 def test_gone_waiters_and_answered_timers_leave_nothing_behind(small_store):
     with socket.create_connection((HOST, small_store.port), timeout=5) as s:
-        s.sendall(_auth(small_store.secret) + _request(3, _str("never"), struct.pack("<I", 60000)))
-        assert _read_reply(s) == b"\x00"
+        handshake(s, small_store.secret)
+        s.sendall(_request(3, _str("never"), struct.pack("<I", 60000)))
         time.sleep(0.1)
     with (
         socket.create_connection((HOST, small_store.port), timeout=5) as s,
         _client(small_store) as c,
     ):
-        s.sendall(_auth(small_store.secret))
-        assert _read_reply(s) == b"\x00"
+        handshake(s, small_store.secret)
         for i in range(300):  # each GET parks with a 60 s timer, and is answered at once
             s.sendall(_request(3, _str(f"k/{i}"), struct.pack("<I", 60000)))
             c.set(f"k/{i}", b"")
@@ -564,7 +559,7 @@ def test_gone_waiters_and_answered_timers_leave_nothing_behind(small_store):
 @pytest.mark.timeout(30)
 def test_limits_refuse_with_reasons(small_store):
     with socket.create_connection((HOST, small_store.port), timeout=5) as idle:
-        assert b"no AUTH within 0.3s" in (_read_reply(idle) or b"")
+        assert b"no handshake within 0.3s" in (_read_reply(idle) or b"")
     clients = [_client(small_store) for _ in range(3)]
     try:
         with pytest.raises(StoreAuthError, match="already serves 3 clients"):

@@ -3,12 +3,13 @@
 One KVStoreServer runs in this process, on 127.0.0.1 with small limits, and each example
 opens a connection, sends a generated stream (arbitrary bytes, frames whose length lies,
 requests cut short or with bytes after them, unknown opcodes, keys that are not UTF-8,
-counts larger than their frame, AUTH with the wrong secret or none, then well-formed
-requests), shuts its side and reads until the server closes.  The properties:
+counts larger than their frame, a handshake with a wrong proof, another version or none,
+then well-formed requests), shuts its side and reads until the server closes.  The properties:
   - every reply is a well-formed frame of the protocol (store_protocol.py);
   - the server ends every such connection (answer, refusal, close) within seconds;
   - it never buffers more per connection than its limits allow (AUTH_FRAME_LIMIT before
-    AUTH; its frame limit plus one read after);
+    the handshake ends; its frame limit plus one read after);
+  - without the secret, a connection gets at most a CHALLENGE, then a refusal;
   - no request ends in the server's "internal error" path (a bug, not a refusal);
   - afterwards the server lives, holds no state for the closed connection, and serves a
     well-formed client;
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
+from store_wire import handshake
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
@@ -36,9 +38,10 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hvdrun import store_server
 from hvdrun.store import KVStoreClient, KVStoreServer, StoreLimits
 from hvdrun.store_protocol import (
-    AUTH_FRAME_LIMIT, I64, OP_ADD, OP_AUTH, OP_CHECK, OP_DELETE, OP_GET, OP_LIST, OP_SET, OP_WAIT,
-    ST_ERROR, ST_INT, ST_KEYS, ST_OK, ST_TIMEOUT, ST_VALUE, U32, WAIT_FOREVER_MS, Malformed,
-    Reader, frame, pack_bytes, pack_str, pack_strs,
+    AUTH_FRAME_LIMIT, I64, OP_ADD, OP_AUTH_V1, OP_CHECK, OP_DELETE, OP_GET, OP_HELLO, OP_LIST,
+    OP_PROOF, OP_SET, OP_WAIT, PROTOCOL_VERSION, ST_CHALLENGE, ST_ERROR, ST_INT, ST_KEYS, ST_OK,
+    ST_TIMEOUT, ST_VALUE, U32, WAIT_FOREVER_MS, Malformed, Reader, frame, pack_bytes, pack_str,
+    pack_strs,
 )  # fmt: skip
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
@@ -66,7 +69,7 @@ else:
 
 class WatchedServer(KVStoreServer):
     """The real server, recording the most it held in one connection's input buffer
-    (before and after AUTH) and any connection it closed after an internal error."""
+    (before and after the handshake) and any connection it closed after an internal error."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -120,7 +123,11 @@ requests = st.one_of(
     st.builds(lambda k: bytes([OP_DELETE]) + pack_str(k), keys),
     st.builds(lambda ks: bytes([OP_CHECK]) + pack_strs(ks), st.lists(keys, max_size=3)),
     st.builds(lambda k: bytes([OP_LIST]) + pack_str(k), keys),
-    st.builds(lambda s: bytes([OP_AUTH]) + pack_bytes(s), st.binary(max_size=8)),
+    st.builds(lambda s: bytes([OP_AUTH_V1]) + pack_bytes(s), st.binary(max_size=8)),
+    st.builds(lambda v, n: bytes([OP_HELLO]) + U32.pack(v) + pack_bytes(n),
+              st.sampled_from([PROTOCOL_VERSION, PROTOCOL_VERSION, 1, 3, 0xFFFFFFFF]),
+              st.one_of(st.binary(min_size=32, max_size=32), st.binary(max_size=40))),
+    st.builds(lambda p: bytes([OP_PROOF]) + pack_bytes(p), st.binary(max_size=40)),
 )
 
 
@@ -167,15 +174,19 @@ def frames(draw):
 @st.composite
 def streams(draw):
     """What a client sends before it hangs up: an opening, then frames or raw bytes."""
-    opening = draw(st.sampled_from(["auth", "auth", "auth", "wrong", "none", "oversized",
+    opening = draw(st.sampled_from(["auth", "auth", "auth", "wrong", "v1", "none", "oversized",
                                     "raw"]))
     parts = []
     if opening == "auth":
-        parts.append(None)  # the server's secret, filled in by the test
-    elif opening == "wrong":
-        parts.append(frame(bytes([OP_AUTH]) + pack_bytes(draw(st.binary(max_size=40)))))
+        parts.append(None)  # the handshake, run by the test before the rest is sent
+    elif opening == "wrong":  # a HELLO and a proof made without the secret
+        parts.append(frame(bytes([OP_HELLO]) + U32.pack(PROTOCOL_VERSION) + pack_bytes(
+            draw(st.binary(min_size=32, max_size=32)))))
+        parts.append(frame(bytes([OP_PROOF]) + pack_bytes(draw(st.binary(max_size=40)))))
+    elif opening == "v1":  # version 1's AUTH, with the secret's place taken by guesses
+        parts.append(frame(bytes([OP_AUTH_V1]) + pack_bytes(draw(st.binary(max_size=40)))))
     elif opening == "oversized":
-        parts.append(U32.pack(AUTH_FRAME_LIMIT + 1) + bytes([OP_AUTH]) + b"x" * 64)
+        parts.append(U32.pack(AUTH_FRAME_LIMIT + 1) + bytes([OP_HELLO]) + b"x" * 64)
     elif opening == "raw":
         parts.append(draw(st.binary(max_size=64)))
     parts += draw(st.lists(st.one_of(frames(), st.binary(max_size=16)), max_size=6))
@@ -186,11 +197,14 @@ def streams(draw):
 # ------------------------------------------------------------------ helpers
 
 
-def _send_and_read(server, data: bytes, pieces: list[int]) -> bytes:
-    """Sends data (in pieces of the given sizes, then the rest), shuts our side, and
-    returns every byte the server sent until it closed."""
+def _send_and_read(server, data: bytes, pieces: list[int], authenticate: bool = False) -> bytes:
+    """Runs the handshake if asked, sends data (in pieces of the given sizes, then the
+    rest), shuts our side, and returns every byte the server sent after the handshake
+    until it closed."""
     got = bytearray()
     with socket.create_connection((HOST, server.port), timeout=CLOSE_WITHIN) as s:
+        if authenticate:
+            handshake(s, server.secret)
         at = 0
         try:
             for n in pieces + [len(data)]:
@@ -235,6 +249,10 @@ def _replies(data: bytes) -> list[tuple[int, Reader]]:
                 body.str_()
             elif status == ST_INT:
                 body.i64()
+            elif status == ST_CHALLENGE:
+                body.u32()
+                body.bytes_()
+                body.bytes_()
             else:
                 assert status == ST_OK, f"unknown reply status {status}"
             body.end()
@@ -286,13 +304,12 @@ GET_FOR_49_DAYS = frame(bytes([OP_GET]) + pack_str("never") + U32.pack(WAIT_FORE
 @given(stream=streams())
 def test_any_stream_is_answered_or_closed_and_the_server_serves_on(server, stream):
     parts, pieces = stream
-    auth = frame(bytes([OP_AUTH]) + pack_bytes(server.secret))
-    data = b"".join(auth if p is None else p for p in parts)
-    replies = _replies(_send_and_read(server, data, pieces))
-    if parts and parts[0] is None:
-        assert replies and replies[0][0] == ST_OK  # a good AUTH is answered first
-    elif replies:  # before AUTH, only a refusal
-        assert [s for s, _ in replies] == [ST_ERROR]
+    authenticate = bool(parts) and parts[0] is None
+    data = b"".join(p for p in parts if p is not None)
+    replies = _replies(_send_and_read(server, data, pieces, authenticate))
+    if not authenticate:  # without the secret: a CHALLENGE at most, then a refusal
+        assert [s for s, _ in replies] in ([], [ST_ERROR], [ST_CHALLENGE],
+                                           [ST_CHALLENGE, ST_ERROR])
     _check_server_after(server)
 
 
@@ -306,7 +323,7 @@ ops = st.lists(st.tuples(st.sampled_from(["set", "get", "wait", "add", "delete",
 def test_well_formed_pipelines_get_the_replies_a_dict_gives(server, ops):
     space = f"model/{next(_names)}/"  # each example starts from an empty store
     model: dict[str, bytes] = {}
-    sent, want = [frame(bytes([OP_AUTH]) + pack_bytes(server.secret))], [(ST_OK, b"")]
+    sent, want = [], []
     for op, name, value in ops:
         key = space + name
         if op == "set":
@@ -341,8 +358,8 @@ def test_well_formed_pipelines_get_the_replies_a_dict_gives(server, ops):
         else:
             sent.append(bytes([OP_LIST]) + pack_str(space))
             want.append((ST_KEYS, pack_strs(sorted(model))))
-    data = sent[0] + b"".join(frame(p) for p in sent[1:])
-    got = _replies(_send_and_read(server, data, []))
+    data = b"".join(frame(p) for p in sent)
+    got = _replies(_send_and_read(server, data, [], authenticate=True))
     assert len(got) == len(want)
     for (status, body), (want_status, want_body) in zip(got, want):
         assert status == want_status
