@@ -57,15 +57,15 @@ def test_node_joins_then_leaves(cluster, tmp_path, monkeypatch):
                                    "ELASTIC_JOB_FAST_FILE": str(fast)})
     try:
         job = _Background(executor, _train_job, args=[str(tmp_path)])
-        _wait_for(_steps_with(tmp_path, 2, 3), "steps with 2 workers")
+        _wait_for(_steps_with(tmp_path, 2, 3), "steps with 2 workers", job=job)
         with worker_pythonpath():
             node = cluster.add_node(**NODE)
-        _wait_for(_steps_with(tmp_path, 4, 3), "steps with 4 workers", timeout=90)
+        _wait_for(_steps_with(tmp_path, 4, 3), "steps with 4 workers", job=job)
         removed_at = time.time()
         cluster.remove_node(node)
         # Both survivors restarted with 2: the rest of training need not wait.
         _wait_for(lambda: len(_events(tmp_path, "start", after=removed_at)) >= 2,
-                  "restarts with 2 workers", timeout=90)
+                  "restarts with 2 workers", job=job)
         fast.touch()
         results = job.join(timeout=120)
     finally:
