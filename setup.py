@@ -8,6 +8,9 @@ Environment:
   HVD_TORCH_GLOO_ROOT  a Gloo installed elsewhere than /usr, e.g. Debian's
                        libgloo-dev unpacked with `dpkg -x` (ROOT/usr/include/gloo,
                        ROOT/usr/lib/<triplet>/libgloo.so).
+  HVD_TORCH_SANITIZE   a sanitizer build, e.g. address,undefined: what `make
+                       test-sanitize` builds into build/asan (scripts/sanitize.sh),
+                       never installed; see docs/testing.md, "Sanitizers".
 
 Which torch: the extension must be compiled against the torch it will run with.
 pip's build isolation (plain `pip install .`, `python -m build`) runs this file in a
@@ -98,6 +101,17 @@ def extension():
     if gloo.library_dirs:
         link_args.append("-Wl,--disable-new-dtags")
     cxx_args = ["-O3", "-g0", "-std=c++17", "-fvisibility=hidden"]
+    sanitize = os.environ.get("HVD_TORCH_SANITIZE")
+    if sanitize:
+        # -O1 with line tables and frame pointers: a report names file:line, and
+        # ASan's fast unwinder walks every frame. No recovery: a UBSan report stops
+        # the process, so the rank fails instead of printing and going on.
+        # -fno-wrapv undoes the -fwrapv of Python's own flags, under which a signed
+        # overflow is defined and UBSan does not look for one.
+        checks = [f"-fsanitize={sanitize}", "-fno-sanitize-recover=all",
+                  "-fno-omit-frame-pointer", "-fno-wrapv"]
+        cxx_args = ["-O1", "-g", "-std=c++17", "-fvisibility=hidden"] + checks
+        link_args += checks
     # libgloo first: our Gloo calls must bind to Debian's library, never to
     # the copy inside libtorch_cpu (see docs/architecture.md).
     libraries = ["gloo", "rt"]
