@@ -17,7 +17,7 @@ XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 # (`hvdrun -np 2 python ...`) and ranks start the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-fast test-stress fuzz fuzz-build bench bench-setup bench-scale core-link synthetic clean distclean
+.PHONY: setup demo test test-fast test-stress test-sanitize test-sanitize-ci fuzz fuzz-build bench bench-setup bench-scale core-link synthetic clean distclean
 
 setup:
 	bash scripts/setup.sh
@@ -45,6 +45,21 @@ test-fast: setup
 # Explicit, so the tier rule below does not take it for a marker.
 test-stress: setup
 	bash scripts/stress.sh $(MAKE) test
+
+# The C++ unit tests under ASan+UBSan and under TSan, then the extension built
+# with ASan+UBSan (into build/asan, beside the normal build) running the
+# multi-rank tests of every op over the shm, Gloo and hierarchical planes on 2
+# and 3 ranks (scripts/sanitize.sh has the sets; docs/testing.md, "Sanitizers").
+# SANITIZE_SET=ci, or make test-sanitize-ci: the subset CI runs (minutes).
+# Explicit, so the tier rule below does not take them for markers.
+SANITIZE_SET ?= full
+test-sanitize: setup
+	$(MAKE) -C tests/cpp check SAN=asan
+	$(MAKE) -C tests/cpp check SAN=tsan
+	bash scripts/sanitize.sh $(SANITIZE_SET)
+
+test-sanitize-ci:
+	$(MAKE) test-sanitize SANITIZE_SET=ci
 
 # One tier: make test-ranks, test-launcher, test-multihost, test-ray, test-gpu, test-slow.
 test-%: setup
