@@ -581,22 +581,27 @@ void Engine::run(const Response& response) {
       status = response.errorStatus();
       break;
     case Response::kInline:
+      // Each copy is skipped when empty: an empty output (no rows of a
+      // reducescatter for this rank, a tensor of no elements) may have no
+      // storage, and memcpy to null is undefined even for 0 bytes (UBSan,
+      // make test-sanitize).
       if (response.type == OpType::kReducescatter) {
         const Request& q = entries[0]->request;
         const RowSlice mine =
             reducescatterSlice(q.shape[0], static_cast<int>(rt.ranks.size()), rt.index);
         const size_t row_bytes = static_cast<size_t>(q.rowElements()) * dataTypeSize(q.dtype);
         void* out = entries[0]->allocate(mine.rows);
-        std::memcpy(out, response.inline_result.data() + mine.offset * row_bytes,
-                    mine.rows * row_bytes);
+        if (mine.rows * row_bytes > 0)
+          std::memcpy(out, response.inline_result.data() + mine.offset * row_bytes,
+                      mine.rows * row_bytes);
       } else if (!entries[0]->parts.empty()) {
         const char* from = response.inline_result.data();
         const size_t elem = dataTypeSize(entries[0]->request.dtype);
         for (const auto& part : entries[0]->parts) {
-          std::memcpy(part.out, from, part.count * elem);
+          if (part.count > 0) std::memcpy(part.out, from, part.count * elem);
           from += part.count * elem;
         }
-      } else {
+      } else if (!response.inline_result.empty()) {
         std::memcpy(entries[0]->output, response.inline_result.data(),
                     response.inline_result.size());
       }
