@@ -139,20 +139,73 @@ CoordinatorFrame decodeCoordinatorFrame(const std::string& frame) {
   return out;
 }
 
+namespace {
+
+// The first bytes of a hello, "HVDC" on the wire: a version-1 hello began
+// with its rank, so an old rank's frame fails here by name, not by accident.
+constexpr uint32_t kHelloMagic = 0x43445648;
+
+}  // namespace
+
 std::string encodeHello(const Hello& hello) {
+  // u32 magic, u32 version, then (this version) u32 rank, bytes nonce
   Writer w;
-  w.put<uint32_t>(hello.rank);
-  w.putString(hello.secret);
+  w.put<uint32_t>(kHelloMagic);
+  w.put<uint32_t>(hello.version);
+  if (hello.version == kControlProtocolVersion) {
+    w.put<uint32_t>(hello.rank);
+    w.putString(hello.nonce);
+  }
   return std::move(w.buffer());
 }
 
 Hello decodeHello(const std::string& frame) {
   Reader r(frame);
+  if (r.get<uint32_t>() != kHelloMagic) {
+    throw WireError("not a hello of control protocol version 2 or later (version 1 sent the secret)");
+  }
   Hello h;
+  h.version = r.get<uint32_t>();
+  if (h.version != kControlProtocolVersion) return h;  // its fields are not ours to read
   h.rank = r.get<uint32_t>();
-  h.secret = r.getString();
+  h.nonce = r.getString();
   if (!r.done()) throw WireError("trailing bytes in a hello");
   return h;
+}
+
+std::string encodeChallenge(const Challenge& c) {
+  // u32 version, then (this version) bytes nonce, bytes proof
+  Writer w;
+  w.put<uint32_t>(c.version);
+  if (c.version == kControlProtocolVersion) {
+    w.putString(c.nonce);
+    w.putString(c.proof);
+  }
+  return std::move(w.buffer());
+}
+
+Challenge decodeChallenge(const std::string& frame) {
+  Reader r(frame);
+  Challenge c;
+  c.version = r.get<uint32_t>();
+  if (c.version != kControlProtocolVersion) return c;
+  c.nonce = r.getString();
+  c.proof = r.getString();
+  if (!r.done()) throw WireError("trailing bytes in a challenge");
+  return c;
+}
+
+std::string encodeProof(const std::string& proof) {
+  Writer w;
+  w.putString(proof);
+  return std::move(w.buffer());
+}
+
+std::string decodeProof(const std::string& frame) {
+  Reader r(frame);
+  std::string proof = r.getString();
+  if (!r.done()) throw WireError("trailing bytes in a proof");
+  return proof;
 }
 
 }  // namespace hvd

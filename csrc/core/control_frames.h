@@ -1,7 +1,7 @@
 // The control channel's frames, encoded and decoded in one place: what ranks
 // send the coordinator (their arrivals, their goodbye) and what it sends them
-// (responses, an abort, the autotuner's values, the handshake's hello and
-// welcome). The engine decides what to send and when; this file only says
+// (responses, an abort, the autotuner's values, the handshake's hello,
+// challenge, proof and welcome). The engine decides what to send and when; this file only says
 // what the bytes are. A malformed frame throws WireError (wire.h).
 //
 // Threading: free functions of their arguments; any thread.
@@ -44,12 +44,35 @@ CoordinatorFrame decodeCoordinatorFrame(const std::string& frame);
 // Without decoding it: is this rank 0's abort?
 bool isAbortFrame(const std::string& frame);
 
-// The handshake's first frame, rank -> coordinator: who it is and the job's secret.
+// The handshake (control_channel.cc; docs/security.md): each rank and rank 0
+// prove the job's secret to each other over fresh nonces, so it never crosses
+// the wire. Version 1's hello sent {rank, secret}; it does not decode here.
+constexpr uint32_t kControlProtocolVersion = 2;
+constexpr size_t kHandshakeNonceBytes = 32;
+
+// Rank -> coordinator, first: its version, its rank, its nonce. A hello of
+// another version decodes to that version alone (nothing after it is read),
+// so that rank 0 can name both versions.
 struct Hello {
+  uint32_t version = kControlProtocolVersion;
   uint32_t rank = 0;
-  std::string secret;
+  std::string nonce;
 };
 std::string encodeHello(const Hello& hello);
 Hello decodeHello(const std::string& frame);
+
+// Coordinator -> rank: its version, its nonce and its proof; a challenge of
+// another version (rank 0 refusing the rank's) decodes to the version alone.
+struct Challenge {
+  uint32_t version = kControlProtocolVersion;
+  std::string nonce;
+  std::string proof;
+};
+std::string encodeChallenge(const Challenge& challenge);
+Challenge decodeChallenge(const std::string& frame);
+
+// Rank -> coordinator, once rank 0 has proven itself: the rank's proof.
+std::string encodeProof(const std::string& proof);
+std::string decodeProof(const std::string& frame);
 
 }  // namespace hvd

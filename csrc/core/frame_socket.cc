@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -130,11 +131,21 @@ bool FrameSocket::readAvailable(std::vector<std::string>& frames) {
   char buf[65536];
   const bool read_socket = in_ring_ == nullptr || socket_readable_;
   socket_readable_ = false;
-  while (read_socket) {
+  // At most this much per call: a peer that sends as fast as we read cannot
+  // keep us here (poll() reports the rest: the caller comes back).
+  size_t budget = size_t{1} << 20;
+  while (read_socket && budget > 0) {
     ssize_t r = ::recv(fd_, buf, sizeof(buf), 0);
     if (r > 0) {
+      budget -= std::min(budget, static_cast<size_t>(r));
       // With rings, what comes over the socket is doorbells.
-      if (in_ring_ == nullptr) inbox_.append(buf, static_cast<size_t>(r));
+      if (in_ring_ == nullptr) {
+        inbox_.append(buf, static_cast<size_t>(r));
+        // Frame what has arrived before reading on: a length header over
+        // the limit fails the connection now, with at most one read of the
+        // bytes streamed after it held, not all that came meanwhile.
+        if (!takeFrames(frames)) return false;
+      }
       continue;
     }
     if (r < 0 && errno == EINTR) continue;
@@ -152,6 +163,11 @@ bool FrameSocket::readAvailable(std::vector<std::string>& frames) {
     // than the ring waits for a doorbell that was already taken.
     if (read_socket && open && !outbox_.empty()) flushToRing();
   }
+  if (!takeFrames(frames)) return false;
+  return open;
+}
+
+bool FrameSocket::takeFrames(std::vector<std::string>& frames) {
   size_t off = 0;
   while (inbox_.size() - off >= 4) {
     uint32_t n;
@@ -159,6 +175,7 @@ bool FrameSocket::readAvailable(std::vector<std::string>& frames) {
     if (n > max_frame_) {
       refused_ = true;
       inbox_.clear();
+      inbox_.shrink_to_fit();
       return false;
     }
     if (inbox_.size() - off - 4 < n) break;
@@ -166,7 +183,7 @@ bool FrameSocket::readAvailable(std::vector<std::string>& frames) {
     off += 4 + n;
   }
   inbox_.erase(0, off);
-  return open;
+  return true;
 }
 
 bool FrameSocket::readOne(std::string& frame, std::chrono::steady_clock::time_point deadline) {

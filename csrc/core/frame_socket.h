@@ -66,6 +66,9 @@ class FrameSocket {
   void noteReadable() { socket_readable_ = true; }
 
  private:
+  // Moves the complete frames at the front of inbox_ to `frames`; false (and
+  // the connection failed) at a length header over max_frame_.
+  bool takeFrames(std::vector<std::string>& frames);
   void ringDoorbell();
   void flushToRing();
 

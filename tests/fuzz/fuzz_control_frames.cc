@@ -1,7 +1,8 @@
 // Fuzz target: the control channel's frames (csrc/core/control_frames.h):
 // what the coordinator reads from every rank (decodeWorkerFrame, and the
-// handshake's decodeHello, read from anyone who connects) and what the ranks
-// read from the coordinator (decodeCoordinatorFrame).
+// handshake's decodeHello and decodeProof, read from anyone who connects) and
+// what the ranks read from the coordinator (decodeCoordinatorFrame, and the
+// handshake's decodeChallenge, read from whatever answers at rank 0's address).
 //
 // Input: one byte picks the decoder, the rest is the frame. A decode either
 // throws WireError or gives frames whose encoding decodes to the same bytes
@@ -75,23 +76,38 @@ void coordinatorFrame(const std::string& frame) {
 
 void hello(const std::string& frame) {
   const Hello h = decodeHello(frame);
-  FUZZ_CHECK(encodeHello(h) == frame);  // no flag in a hello: exactly its bytes
   const Hello again = decodeHello(encodeHello(h));
-  FUZZ_CHECK(again.rank == h.rank && again.secret == h.secret);
+  FUZZ_CHECK(again.version == h.version && again.rank == h.rank && again.nonce == h.nonce);
+  // No flag in a hello: exactly its bytes, but for another version's fields,
+  // which are never read.
+  if (h.version == kControlProtocolVersion) FUZZ_CHECK(encodeHello(h) == frame);
+}
+
+void challenge(const std::string& frame) {
+  const Challenge c = decodeChallenge(frame);
+  const Challenge again = decodeChallenge(encodeChallenge(c));
+  FUZZ_CHECK(again.version == c.version && again.nonce == c.nonce && again.proof == c.proof);
+  if (c.version == kControlProtocolVersion) FUZZ_CHECK(encodeChallenge(c) == frame);
+}
+
+void proof(const std::string& frame) {
+  FUZZ_CHECK(encodeProof(decodeProof(frame)) == frame);
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Input in(data, size);
-  const uint8_t which = in.byte() % 3;
+  const uint8_t which = in.byte() % 5;
   const int rank = in.byte();
   const std::string frame = in.rest();
   try {
     switch (which) {
       case 0: workerFrame(frame, rank); break;
       case 1: coordinatorFrame(frame); break;
-      default: hello(frame); break;
+      case 2: hello(frame); break;
+      case 3: challenge(frame); break;
+      default: proof(frame); break;
     }
   } catch (const WireError&) {
     // A malformed frame: the engine drops the stranger or fails the peer.

@@ -139,7 +139,15 @@ void controlFrames() {
   write("control_frames", "abort", byte(1) + byte(0) + encodeAbort(Status::peerFailure("rank 2 died")));
   write("control_frames", "welcome", byte(1) + byte(0) + encodeWelcome());
   write("control_frames", "tunables", byte(1) + byte(0) + encodeTunables(Tunables{}));
-  write("control_frames", "hello", byte(2) + byte(0) + encodeHello({3, std::string(32, 's')}));
+  Hello hello;
+  hello.rank = 3;
+  hello.nonce = std::string(32, 'n');
+  write("control_frames", "hello", byte(2) + byte(0) + encodeHello(hello));
+  Challenge challenge;
+  challenge.nonce = std::string(32, 's');
+  challenge.proof = std::string(32, 'p');
+  write("control_frames", "challenge", byte(3) + byte(0) + encodeChallenge(challenge));
+  write("control_frames", "proof", byte(4) + byte(0) + encodeProof(std::string(32, 'p')));
 }
 
 void hostRecord() {
@@ -167,7 +175,10 @@ std::string pieces(const std::vector<std::string>& list) {
 }
 
 void frameSocket() {
-  const std::string hello = encodeHello({1, "secret"});
+  Hello first;
+  first.rank = 1;
+  first.nonce = std::string(32, 'n');
+  const std::string hello = encodeHello(first);
   const std::string stream = framed(hello) + framed(encodeWelcome()) + framed(encodeBye());
   // Raw: no limit, the stream cut in three pieces, one inside a header.
   write("frame_socket", "raw", byte(0) + byte(0) +
