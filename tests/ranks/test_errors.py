@@ -326,8 +326,15 @@ def test_build_facts_tell_what_was_compiled():
 
     import hvd_torch as hvd  # importing does not start the engine
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from build_config import cuda_enabled
+    # The checkout on sys.path only for this import: left there, a later fresh
+    # rank (which takes this process's sys.path) imported the checkout's
+    # hvd_torch rather than the one under test (scripts/sanitize.sh's build/asan).
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, root)
+    try:
+        from build_config import cuda_enabled
+    finally:
+        sys.path.remove(root)
 
     assert hvd.gloo_built() is True
     # CUDA sources compile exactly when setup.py found a CUDA torch and nvcc.
