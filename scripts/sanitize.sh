@@ -116,8 +116,13 @@ sanitizer_env() {
     # (tests/cpp, SAN=asan), which run the engine and the planes without python.
     # abort_on_error: a report kills the rank with SIGABRT, which the harness
     # reports as the rank's failure, with the report in the rank's output.
-    export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
-    export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:abort_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+    # The caller's own options, if any, come last and win.
+    local asan=(detect_leaks=0 abort_on_error=1 halt_on_error=1
+                detect_stack_use_after_return=1 check_initialization_order=1 strict_init_order=1)
+    local ubsan=(print_stacktrace=1 halt_on_error=1 abort_on_error=1)
+    ASAN_OPTIONS="$(IFS=:; echo "${asan[*]}")${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+    UBSAN_OPTIONS="$(IFS=:; echo "${ubsan[*]}")${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+    export ASAN_OPTIONS UBSAN_OPTIONS
     export PYTHONPATH="$ASAN_LIB${PYTHONPATH:+:$PYTHONPATH}"
 }
 
@@ -128,7 +133,7 @@ main() {
     case "${1:-}" in
         build) build_only=1 ;;
         full|ci|run) ;;
-        *) echo "usage: $0 build | full [PYTEST ARGS] | ci [PYTEST ARGS] | run CMD [ARGS]" >&2; exit 2 ;;
+        *) echo "usage: $0 build | full|ci [PYTEST ARGS] | run CMD [ARGS]" >&2; exit 2 ;;
     esac
     mkdir -p "$ASAN_DIR"
     build
