@@ -95,21 +95,7 @@ inline std::vector<Backend*> pointers(const std::vector<std::unique_ptr<Backend>
 
 // ------------------------------------------------------------- values
 
-inline const char* dtypeName(DataType t) {
-  switch (t) {
-    case DataType::kUInt8: return "uint8";
-    case DataType::kInt8: return "int8";
-    case DataType::kInt16: return "int16";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kBool: return "bool";
-  }
-  return "?";
-}
+inline const char* dtypeName(DataType t) { return dataTypeName(t); }  // core/types.h
 
 inline const char* opName(ReduceOp op) {
   switch (op) {
