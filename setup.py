@@ -208,6 +208,9 @@ setup(
     packages=find_packages(
         include=["hvd_torch", "hvd_torch.*", "hvdrun", "hvdrun.*", "ray_integration",
                  "ray_integration.*"]),
+    # The torch.backends entry point (pyproject.toml): outside hvd_torch, so that
+    # torch loading it imports nothing of ours.
+    py_modules=["hvd_torch_autoload"],
     ext_modules=ext_modules,
     cmdclass=cmdclass,
 )

@@ -374,7 +374,10 @@ def _wrap_new_group_with_tag(original):
 
 
 def _register():
-    if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
+    # Registered already: by an earlier import, or by the lazy creator of the
+    # torch.backends entry point (hvd_torch_autoload), which this one replaces.
+    plugin = getattr(dist.Backend, "_plugins", {}).get(BACKEND.upper())
+    if plugin is not None and not getattr(plugin.creator_fn, "hvd_autoload", False):
         return
     # CUDA tensors too where this build moves them (NCCL or host-staged, as
     # hvd.allreduce does): init_process_group("hvd") then serves both devices.

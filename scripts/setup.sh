@@ -28,11 +28,15 @@ TORCH_INDEX=${HVD_TORCH_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 # shape, one set of namespace hosts) silently stopped holding (tests/conftest.py
 # checks it).
 TEST_PINS=(pytest==9.1.1 pytest-xdist==3.8.0 pytest-timeout==2.4.0)
+# The frameworks of the integrations tier (tests/integrations, docs/integrations.md),
+# at the versions that tier tests.
+INTEGRATION_PINS=(pytorch-lightning==2.6.6 accelerate==1.15.0 transformers==5.24.0)
 # hypothesis: the store server's protocol fuzz (tests/unit/test_store_fuzz.py).
 TOOLS=(setuptools wheel ninja numpy "${TEST_PINS[@]}" scikit-learn tqdm tensorboard "ray[tune,client]==2.58.0"
-       hypothesis==6.170.17)
+       hypothesis==6.170.17 "${INTEGRATION_PINS[@]}")
 # Import names for TOOLS, to tell "installed" without asking pip (slow).
-TOOL_MODULES="setuptools wheel ninja numpy pytest pytest_timeout xdist sklearn tqdm tensorboard ray grpc hypothesis"
+TOOL_MODULES="setuptools wheel ninja numpy pytest pytest_timeout xdist sklearn tqdm tensorboard ray grpc hypothesis
+              pytorch_lightning accelerate transformers"
 
 say() { echo "[setup] $*"; }
 
@@ -127,7 +131,7 @@ pins_differ() {
 print(" ".join(p for p in sys.argv[1:] if m.version(p.split("==")[0]) != p.split("==")[1]))' "$@" 2>/dev/null \
         || echo "unknown"
 }
-if [ -z "$(missing $TOOL_MODULES)" ] && [ -z "$(pins_differ "${TEST_PINS[@]}")" ]; then
+if [ -z "$(missing $TOOL_MODULES)" ] && [ -z "$(pins_differ "${TEST_PINS[@]}" "${INTEGRATION_PINS[@]}")" ]; then
     say "tools: present"
 else
     say "tools: installing ${TOOLS[*]}"
@@ -149,6 +153,8 @@ elif [ ! -x "$VENV/bin/hvdrun" ] || ! grep -q "from hvdrun.launch" "$VENV/bin/hv
     reason="hvdrun not installed in the venv (or an old one, before the hvdrun package)"
 elif [ ! -x "$VENV/bin/horovodrun" ]; then
     reason="horovodrun not installed in the venv (an install from before the command)"
+elif ! (cd / && "$PY" -c "import hvd_torch_autoload") 2>/dev/null; then
+    reason="the torch.backends entry point is not installed (an install from before it)"
 fi
 
 if [ -z "$reason" ]; then

@@ -47,6 +47,7 @@ TIERS = {
     "ray": "a real local Ray (one per cluster shape) or Ray clusters",
     "gpu": "GPU test files (on the CPU path without a GPU) and the CUDA sources' build",
     "slow": "soaks, installs and benchmark CLIs: minutes each",
+    "integrations": "Lightning, Accelerate, Transformers and Ray Train v2 (scripts/setup.sh pins them) on hvd",
 }
 OTHER_MARKERS = {
     "serial": "measures the machine (loopback bytes, CPU time): runs alone, after the rest",
@@ -145,8 +146,8 @@ def _xdist_group(item, tier):
     modules of one cluster shape share their local Ray, the namespace hosts are
     one set of addresses that one job at a time can use, and the C++ units are
     one `make` in one build folder."""
-    if tier == "ray":
-        shape = getattr(item.module, "RAY_SHAPE", None)
+    shape = getattr(item.module, "RAY_SHAPE", None)
+    if tier == "ray" or shape:  # an integrations module on Ray shares its shape's Ray
         if shape:
             return "ray-" + "-".join(f"{k}{v}" for k, v in sorted(shape.items()))
         return f"ray-{item.module.__name__}"
