@@ -4,10 +4,12 @@ process), three steps of a small model, then the weights' digest and an all_redu
 of rank + 1 from every rank.  What a torchrun user's script does; the launcher tests
 run it under hvdrun's modes, the Ray tests in RayExecutor workers.
 
-    python tests/harness/plain_ddp.py [--hvd-init]
+    python tests/harness/plain_ddp.py [--hvd-init] [--backend NAME]
 
 --hvd-init calls hvd.init() first, as an elastic worker must: that is where it
-learns the round's rank and MASTER_ADDR/MASTER_PORT.  The module imports only torch.
+learns the round's rank and MASTER_ADDR/MASTER_PORT.  --backend (default gloo)
+names the process group's backend: "hvd" without --hvd-init is the backend found
+through torch's entry point, never imported here.  The module imports only torch.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "G
         "MASTER_ADDR", "MASTER_PORT")  # fmt: skip
 
 
-def train(steps: int = 3) -> dict:
+def train(steps: int = 3, backend: str = "gloo") -> dict:
     """One DDP run in this process; what it saw and ended with (JSON-able)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     env = {k: os.environ.get(k) for k in _ENV}
-    dist.init_process_group("gloo")  # env://
+    hvd_imported_before = "hvd_torch" in sys.modules
+    dist.init_process_group(backend)  # env://
     try:
         rank, size = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(0)
@@ -44,9 +47,11 @@ def train(steps: int = 3) -> dict:
         dist.all_gather_object(digests, hashlib.sha256(w.numpy().tobytes()).hexdigest()[:16])
         total = torch.tensor([rank + 1.0])
         dist.all_reduce(total)
+        used = str(dist.get_backend())
     finally:
         dist.destroy_process_group()
     return {"rank": rank, "size": size, "digests": digests, "sum": total.item(), "env": env,
+            "backend": used, "weights": w.tolist(), "hvd_imported_before": hvd_imported_before,
             "hvd_imported": "hvd_torch" in sys.modules}  # fmt: skip
 
 
@@ -55,7 +60,8 @@ if __name__ == "__main__":
         import hvd_torch as hvd
 
         hvd.init()
-    print("plain_ddp " + json.dumps(train()), flush=True)
+    backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "gloo"
+    print("plain_ddp " + json.dumps(train(backend=backend)), flush=True)
     if "hvd_torch" in sys.modules:
         sys.modules["hvd_torch"].shutdown()
     # DDP keeps the Gloo group, and its worker threads, alive past

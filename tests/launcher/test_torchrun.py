@@ -7,15 +7,15 @@ and elastic modes (elastic: after hvd.init(), which joins the round), and the sa
 example over the "hvd" backend.
 """
 
-import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from hvdrun_job import run_hvdrun
+from torchrun_job import PLAIN_DDP, ddp_reports as _ddp_reports, free_port as _free_port
+from torchrun_job import launch_env as _env, run_torchrun as _torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -35,33 +35,6 @@ hvd.shutdown()
 hvd.init()  # again: the same rendezvous store, a new scope
 print(f"rank {hvd.rank()} again: {hvd.allreduce(torch.ones(1), op=hvd.Sum).item():g}", flush=True)
 """
-
-# tests/harness/plain_ddp.py: init_process_group("gloo") with env://, never hvd_torch.
-PLAIN_DDP = ROOT / "tests" / "harness" / "plain_ddp.py"
-
-
-def _env():
-    return dict(os.environ, PYTHONPATH=str(ROOT),
-                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(*args, timeout=RUN_TIMEOUT):
-    """`python -m torch.distributed.run --nproc-per-node 2 ...`; returns (code, output)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *map(str, args)]
-    try:
-        done = subprocess.run(cmd, env=_env(), cwd=ROOT, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"torchrun {args}: no exit within {timeout}s\n{e.output}") from None
-    return done.returncode, done.stdout
 
 
 def _hvdrun(*args):
@@ -93,22 +66,6 @@ def test_torchrun_runs_ddp_on_hvd_with_hvd_metrics():
     code, out = _torchrun(EXAMPLES / "ddp_on_hvd.py", "--epochs", "1", "--hvd-metrics")
     assert code == 0, out
     assert "(backend hvd, 2 ranks)" in out and IDENTICAL.search(out), out
-
-
-def _ddp_reports(out, size):
-    """Each rank's plain_ddp report, by rank, once every rank is checked to have trained to
-    the same weights and summed rank + 1 over all ranks."""
-    reports = {}
-    for line in out.splitlines():
-        _, found, text = line.partition("plain_ddp ")
-        if found:
-            report = json.loads(text)
-            reports[report["rank"]] = report
-    assert sorted(reports) == list(range(size)), out
-    for report in reports.values():
-        assert report["size"] == size and report["sum"] == size * (size + 1) / 2, report
-        assert len(set(report["digests"])) == 1, report
-    return reports
 
 
 def _env_of(report, *names):
