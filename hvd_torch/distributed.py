@@ -1,6 +1,7 @@
 """hvd-torch as a torch.distributed backend named "hvd" (docs/torch_distributed.md).
 
-Importing hvd_torch registers it::
+Importing hvd_torch registers it (and so does the torch.backends entry point,
+hvd_torch_autoload, in a process that never imports hvd_torch)::
 
     import hvd_torch                      # or: import hvd_torch.distributed
     dist.init_process_group("hvd")        # DDP, FSDP2, dist.all_reduce, ... on our engine
