@@ -15,6 +15,8 @@ import importlib
 _EXPORTS = {
     "DistributedTrainableCreator": ".tune",
     "ElasticRayExecutor": ".elastic",
+    "HvdConfig": ".train_v2_backend",
+    "HvdTrainer": ".train_v2",
     "PlacementTimeoutError": ".placement",
     "RayExecutor": ".executor",
     "RaySettings": ".settings",
@@ -28,6 +30,8 @@ _EXPORTS = {
 __all__ = [
     "DistributedTrainableCreator",
     "ElasticRayExecutor",
+    "HvdConfig",
+    "HvdTrainer",
     "PlacementTimeoutError",
     "RayExecutor",
     "RaySettings",
