@@ -90,6 +90,24 @@ def saved_ranks(out: Path, nproc: int, output: str) -> list[dict]:
     return ranks
 
 
+class GlooRuns:
+    """The gloo reference of one example, run under torchrun once per number of
+    processes and kept: runs(nproc) is each rank's saved run, in rank order."""
+
+    def __init__(self, tmp_path_factory, script: str, *args):
+        self.tmp_path_factory, self.script, self.args = tmp_path_factory, script, args
+        self.runs = {}
+
+    def __call__(self, nproc: int) -> list[dict]:
+        if nproc not in self.runs:
+            out = self.tmp_path_factory.mktemp(f"gloo{nproc}") / "out"
+            code, output = run_example("torchrun", self.script, nproc, out, *self.args,
+                                       "--backend", "gloo")
+            assert code == 0, output
+            self.runs[nproc] = saved_ranks(out, nproc, output)
+        return self.runs[nproc]
+
+
 def assert_trained_alike(hvd_ranks: list[dict], gloo_ranks: list[dict]) -> None:
     """The hvd run's group was hvd's; its weights moved from the start, are the same on
     every rank, and match the gloo run's within float tolerance (hvd may add the ranks'

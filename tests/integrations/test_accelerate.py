@@ -18,27 +18,16 @@ import sys
 import pytest
 import torch
 
-from accelerate_job import (LAUNCHERS, RUN_TIMEOUT, assert_trained_alike, offline_env,
-                            run_example, saved_ranks)
-from torchrun_job import ROOT
+from accelerate_job import (LAUNCHERS, RUN_TIMEOUT, GlooRuns, assert_trained_alike,
+                            offline_env, run_example, saved_ranks)
+from torchrun_job import ROOT, free_port
 
 SCRIPT = "accelerate_digits.py"
 
 
 @pytest.fixture(scope="module")
 def gloo_runs(tmp_path_factory):
-    """{nproc: each rank's saved run on gloo}, made once per size for the module."""
-    runs = {}
-
-    def get(nproc):
-        if nproc not in runs:
-            out = tmp_path_factory.mktemp(f"gloo{nproc}") / "out"
-            code, output = run_example("torchrun", SCRIPT, nproc, out, "--backend", "gloo")
-            assert code == 0, output
-            runs[nproc] = saved_ranks(out, nproc, output)
-        return runs[nproc]
-
-    return get
+    return GlooRuns(tmp_path_factory, SCRIPT)
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
@@ -94,8 +83,6 @@ print("helper rules hold", flush=True)
 
 
 def test_partial_state_rules(tmp_path):
-    from torchrun_job import free_port
-
     env = {k: v for k, v in offline_env(tmp_path).items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["TEST_PORT"] = str(free_port())
