@@ -44,6 +44,11 @@ def parse_args():
     return p.parse_args()
 
 
+def group_backend() -> str:
+    """The process group's backend; a plain `python` run has none (one process)."""
+    return dist.get_backend() if dist.is_initialized() else "none"
+
+
 def weights(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
 
@@ -68,11 +73,11 @@ def main(args):
         opt.step()
         losses.append(acc.gather(loss.detach()).mean().item())  # the mean over ranks
     acc.print(f"step {len(losses)}/{args.steps}  loss {losses[-1]:.4f}  "
-              f"(backend {dist.get_backend()}, {acc.num_processes} processes)")
+              f"(backend {group_backend()}, {acc.num_processes} processes)")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         torch.save({"rank": acc.process_index, "size": acc.num_processes,
-                    "backend": dist.get_backend(), "accelerate_backend": acc.state.backend,
+                    "backend": group_backend(), "accelerate_backend": acc.state.backend,
                     "start": start, "end": weights(acc.unwrap_model(model)), "losses": losses},
                    os.path.join(args.out, f"rank{acc.process_index}.pt"))
     acc.wait_for_everyone()

@@ -77,6 +77,11 @@ def tiny_bert():
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))  # no dropout: runs compare
 
 
+def group_backend() -> str:
+    """The process group's backend; a plain `python` run has none (one process)."""
+    return dist.get_backend() if dist.is_initialized() else "none"
+
+
 def weights(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
 
@@ -97,14 +102,15 @@ def main(args):
     rank = targs.process_index
     if rank == 0:
         print(f"trained {result.global_step} steps  loss {result.training_loss:.4f}  "
-              f"(backend {dist.get_backend()}, {targs.world_size} processes)", flush=True)
+              f"(backend {group_backend()}, {targs.world_size} processes)", flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        torch.save({"rank": rank, "size": targs.world_size, "backend": dist.get_backend(),
+        torch.save({"rank": rank, "size": targs.world_size, "backend": group_backend(),
                     "start": start, "end": weights(trainer.model), "loss": result.training_loss},
                    os.path.join(args.out, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.barrier()  # every rank has saved before any tears the group down
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
