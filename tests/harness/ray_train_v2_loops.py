@@ -27,6 +27,7 @@ import json
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import mlp_reference
@@ -63,6 +64,7 @@ def hvd_loop(config):
     running_before_init = hvd.is_initialized()
     hvd.init()  # a no-op: the worker group's "hvd" process group started the engine
     context = ray.train.get_context()
+    _record_engine_stop(config["out"], context.get_world_rank())
     # A different start on every rank: only the broadcast makes them agree.
     model = mlp_reference.make_model(config["seed"] + context.get_world_rank())
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=config["momentum"])
@@ -85,6 +87,22 @@ def ddp_loop(config):
     optimizer = torch.optim.SGD(ddp.parameters(), lr=config["lr"], momentum=config["momentum"])
     start = _restore(model, optimizer)
     _train(ddp, optimizer, start, config, backend=dist.get_backend())
+
+
+def _record_engine_stop(folder, rank):
+    """Makes hvd.shutdown() leave a file naming this rank and process once the
+    engine stopped: the worker group's end (HvdBackend.on_shutdown) calls it,
+    and Ray kills the process right after, so nothing else could tell."""
+    import hvd_torch as hvd
+
+    stop = hvd.shutdown
+
+    def shutdown():
+        stop()
+        _write_json(folder, f"stopped_rank{rank}_pid{os.getpid()}.json", dict(
+            rank=rank, pid=os.getpid(), running_after=hvd.is_initialized(), time=time.time()))
+
+    hvd.shutdown = shutdown
 
 
 def _restore(model, optimizer) -> int:
@@ -120,7 +138,7 @@ def _train(model, optimizer, start, config, **facts):
     ids, x, y = _read_shard()
     _write_json(config["out"], f"start_rank{rank}_pid{os.getpid()}.json", dict(
         facts, world_rank=rank, world_size=context.get_world_size(), pid=os.getpid(),
-        start_step=start, ids=ids))
+        start_step=start, ids=ids, time=time.time()))
     for step in range(start, config["steps"]):
         _maybe_die(config, rank, step)
         loss = F.cross_entropy(model(x), y)
@@ -182,9 +200,11 @@ def _save(folder, name, obj):
 
 
 def read_run(folder) -> dict:
-    """What the ranks wrote: {"starts": [records, by start order per rank], "final": {rank: weights}}."""
+    """What the ranks wrote: {"starts": [one record per process], "stopped": [one
+    record per engine stopped], "final": {rank: weights at the end}}."""
     folder = Path(folder)
-    starts = [json.loads(p.read_text()) for p in sorted(folder.glob("start_rank*.json"))]
+    records = {kind: [json.loads(p.read_text()) for p in sorted(folder.glob(f"{kind}_rank*.json"))]
+               for kind in ("start", "stopped")}
     final = {int(p.stem.removeprefix("final_rank")): torch.load(p)
              for p in folder.glob("final_rank*.pt")}
-    return {"starts": starts, "final": final}
+    return {"starts": records["start"], "stopped": records["stopped"], "final": final}

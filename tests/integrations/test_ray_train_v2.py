@@ -15,10 +15,12 @@ a run is done once per module and shared by the tests that read it (runs).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import ray_train_v2_loops as loops
 import torch
-from ray_harness import no_leaks, ray_module_fixture  # noqa: F401
+from ray_harness import no_leaks, ray_address, ray_module_fixture, run_example  # noqa: F401
 from ray_train_v2_loops import CONFIG, ROWS
 
 RAY_SHAPE = dict(num_cpus=4, num_gpus=4)  # tests/ray's shape: one Ray serves both
@@ -69,6 +71,13 @@ def runs(tmp_path_factory):
         return done[kind, num_workers]
 
     return get
+
+
+def _stopped(run) -> set:
+    """(rank, pid) of every process whose engine the worker group's end stopped."""
+    records = run[1]["stopped"]
+    assert not any(r["running_after"] for r in records)
+    return {(r["rank"], r["pid"]) for r in records}
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -122,6 +131,8 @@ def test_hvd_trainer_trains_with_hvds_api(runs, num_workers):
         assert (start["hvd_rank"], start["hvd_size"]) == (start["world_rank"], num_workers)
         assert start["world_size"] == num_workers
     assert sorted(s["hvd_rank"] for s in starts) == list(range(num_workers))
+    assert _stopped(run) == {(s["world_rank"], s["pid"]) for s in starts}, \
+        "the group's end stops every worker's engine"
 
 
 @pytest.mark.parametrize("num_workers", [2, 3])
@@ -151,5 +162,25 @@ def test_killed_worker_resumes_from_its_checkpoint(runs, tmp_path):
     second = {s["pid"] for s in by_attempt[KILL_STEP]}
     assert len(first) == len(second) == 2 and not first & second, "a restart gets new processes"
     assert sorted(s["hvd_rank"] for s in by_attempt[KILL_STEP]) == [0, 1]
+    # The failed group's survivor stopped its engine too, before Ray killed it.
+    survivor = {(s["world_rank"], s["pid"]) for s in by_attempt[0] if s["world_rank"] == 0}
+    assert _stopped((result, ranks)) == survivor | {
+        (s["world_rank"], s["pid"]) for s in by_attempt[KILL_STEP]}
+    killed_at = (tmp_path / "killed").stat().st_mtime
+    stopped_at = next(r["time"] for r in ranks["stopped"] if (r["rank"], r["pid"]) in survivor)
+    restarted_at = min(s["time"] for s in by_attempt[KILL_STEP])
+    print(f"from the kill: the survivor's engine stopped after {stopped_at - killed_at:.1f} s, "
+          f"the new group's loops started after {restarted_at - killed_at:.1f} s")
 
     check_trained((result, ranks), runs("hvd", 2), 2)
+
+
+def test_example_trains_the_digits():
+    """examples/ray_train_v2_digits.py on 2 workers of this module's Ray: it fails
+    unless every rank ends with the same weights; the final checkpoint scores
+    well on the driver."""
+    out = run_example("ray_train_v2_digits.py", "--num-workers", "2", "--address", ray_address(),
+                      timeout=400)
+    accuracy = float(re.search(r"final checkpoint scored on the driver: val accuracy ([0-9.]+)",
+                               out).group(1))
+    assert accuracy > 0.9, out[-3000:]
