@@ -38,8 +38,8 @@ import ray
 import ray.train
 import torch
 import torch.nn.functional as F
+from digits_allreduce import DigitsNet
 from digits_data import load_digits
-from torch import nn
 
 import hvd_torch as hvd
 from ray_integration import HvdTrainer
@@ -58,22 +58,6 @@ def parse_args():
     p.add_argument("--storage", default=None, help="Ray Train's run folder (default: a temp dir)")
     p.add_argument("--address", default=None, help="a running cluster, e.g. auto")
     return p.parse_args()
-
-
-class DigitsNet(nn.Module):
-    """examples/digits_allreduce.py's CNN: two 3x3 convolutions, two linear layers."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 4 * 4, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
 def digits_datasets(seed=0):
