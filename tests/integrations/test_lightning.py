@@ -36,6 +36,9 @@ EPOCHS = 2
 # seconds of training; minutes when the 2 cores are shared with other jobs.
 RUN_TIMEOUT = 300
 RTOL, ATOL = 1e-5, 1e-6
+# One pytest-xdist worker runs the whole module: the runs fixture (three jobs per N)
+# then serves every test instead of being set up again on the other worker.
+pytestmark = pytest.mark.xdist_group("lightning")
 
 
 def run_lightning(*args, n: int):
