@@ -10,16 +10,13 @@ backend of its process group. `accelerate launch` reads a config file written he
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 from hvdrun_job import run_hvdrun
-from torchrun_job import ROOT, launch_env, run_torchrun
+from torchrun_job import ROOT, launch_env, run_in_session, run_torchrun
 
 EXAMPLES = ROOT / "examples"
 LAUNCHERS = ("accelerate", "torchrun", "hvdrun")
@@ -66,18 +63,7 @@ def run_example(launcher: str, script: str, nproc: int, out: Path, *args) -> tup
 
 
 def _run(cmd, env) -> tuple[int, str]:
-    """cmd in its own session to the end; on a timeout the whole session (the launcher
-    and the ranks it started) is killed and the test fails with the output."""
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"{cmd}: no exit within {RUN_TIMEOUT}s\n{out}") from None
-    return proc.returncode, out
+    return run_in_session(cmd, RUN_TIMEOUT, env)
 
 
 def saved_ranks(out: Path, nproc: int, output: str) -> list[dict]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -29,29 +31,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_in_session(cmd, timeout: float, env=None, cwd=ROOT):
+    """cmd in its own session to the end; returns (exit code, output with stderr
+    merged). On a timeout the whole session (a launcher and the ranks it started) is
+    killed and the test fails with the output."""
+    proc = subprocess.Popen([str(c) for c in cmd], env=env or launch_env(), cwd=cwd,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{cmd}: no exit within {timeout}s\n{out}") from None
+    return proc.returncode, out
+
+
 def run_torchrun(*args, nproc: int = 2, timeout: float = 150, env=None):
     """`python -m torch.distributed.run --nproc-per-node NPROC ...` to the end;
     returns (exit code, output with stderr merged)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *map(str, args)]
-    try:
-        done = subprocess.run(cmd, env=env or launch_env(), cwd=ROOT, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"torchrun {args}: no exit within {timeout}s\n{e.output}") from None
-    return done.returncode, done.stdout
+    return run_in_session([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                           nproc, "--master-addr", "127.0.0.1", "--master-port", free_port(),
+                           *args], timeout, env)
 
 
 def ddp_reports(out: str, size: int) -> dict:
     """Each rank's plain_ddp report, by rank, once every rank is checked to have trained to
     the same weights and summed rank + 1 over all ranks."""
     reports = {}
-    for line in out.splitlines():
-        _, found, text = line.partition("plain_ddp ")
-        if found:
-            report = json.loads(text)
-            reports[report["rank"]] = report
+    # Decoded where each report starts, not line by line: the ranks share one pipe,
+    # and another process's write may land right after a report, before its newline.
+    decoder = json.JSONDecoder()
+    for found in re.finditer(r"plain_ddp (?=\{)", out):
+        report, _ = decoder.raw_decode(out, found.end())
+        reports[report["rank"]] = report
     assert sorted(reports) == list(range(size)), out
     for report in reports.values():
         assert report["size"] == size and report["sum"] == size * (size + 1) / 2, report

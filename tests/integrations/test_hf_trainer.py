@@ -21,7 +21,6 @@ import pytest
 
 from accelerate_job import (RUN_TIMEOUT, GlooRuns, assert_trained_alike, offline_env,
                             run_example, saved_ranks)
-from torchrun_job import ROOT
 
 SCRIPT = "hf_trainer_tiny.py"
 # SGD, not the Trainer's default AdamW, for the comparison with gloo: Adam divides each

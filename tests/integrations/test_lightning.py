@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from hvdrun_job import run_hvdrun
-from torchrun_job import free_port, launch_env
+from torchrun_job import free_port, launch_env, run_in_session
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "harness" / "lightning_job.py"
@@ -45,17 +44,7 @@ def run_lightning(*args, n: int):
     """`python args... --devices N`: Lightning's launcher starts ranks 1..N-1 as
     children of this process (same session, same output pipe). Returns (code, output)
     once every rank has closed the pipe; on a timeout the whole session is killed."""
-    proc = subprocess.Popen([sys.executable, *map(str, args), "--devices", str(n)],
-                            env=launch_env(), cwd=ROOT, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"{args}: no exit within {RUN_TIMEOUT}s\n{out}") from None
-    return proc.returncode, out
+    return run_in_session([sys.executable, *args, "--devices", n], RUN_TIMEOUT)
 
 
 def run_hvdrun_job(*args, np: int = 0, launcher_args=()):
