@@ -165,7 +165,7 @@ def _code_text() -> str:
         for p in (ROOT / folder).rglob("*"):
             if p.suffix in (".py", ".cc", ".h", ".cpp", ".cu", ".sh") and p.is_file():
                 parts.append(p.read_text(errors="replace"))
-    for name in ("setup.py", "build_config.py", "Makefile"):
+    for name in ("setup.py", "build_config.py", "Makefile", "hvd_torch_autoload.py"):
         parts.append((ROOT / name).read_text())
     return "\n".join(parts)
 
