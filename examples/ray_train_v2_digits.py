@@ -10,7 +10,8 @@ driver loads scikit-learn's digits (bundled, nothing is downloaded) and hands
 the training and validation images to Ray Train as Ray Data datasets. Each
 worker:
   - reads its shard of both with ray.train.get_dataset_shard (Ray Data splits
-    them into equal parts, so every worker takes the same number of steps);
+    them into equal parts, dropping the few rows left over, so every worker
+    takes the same number of steps);
   - calls hvd.init() (a no-op: the worker group's "hvd" process group started
     the engine), wraps SGD in hvd.DistributedOptimizer with the learning rate
     times hvd.size(), and takes rank 0's weights and optimizer state
@@ -23,7 +24,9 @@ worker:
   - at the end compares a checksum of its weights with every rank's
     (allgather_object) and fails the run if any differs.
 The driver prints each checkpoint's metrics and scores the final checkpoint on
-the whole validation set.
+the whole validation set. The model is examples/digits_allreduce.py's CNN: Ray
+puts the driver script's folder on its workers' path, so they import it too
+(on a cluster, from the same folder on every node).
 """
 
 import argparse
@@ -105,8 +108,8 @@ def train_loop(config):
             loss.backward()
             optimizer.step()
             loss_sum, batches = loss_sum + loss.item(), batches + 1
-        metrics = {"epoch": epoch + 1, "loss": hvd.metric_average(loss_sum / batches, name=f"loss.{epoch}"),
-                   "val_accuracy": _accuracy(model, val)}
+        loss = hvd.metric_average(loss_sum / batches, name=f"loss.{epoch}")
+        metrics = {"epoch": epoch + 1, "loss": loss, "val_accuracy": _accuracy(model, val)}
         _report(metrics, model, optimizer)
     _check_same_weights(model)
 
@@ -153,7 +156,8 @@ def score(checkpoint, val) -> float:
     model.eval()
     batch = next(iter(val.iter_torch_batches(batch_size=val.count())))
     with torch.no_grad():
-        return (model(batch["image"].unsqueeze(1)).argmax(1) == batch["label"]).float().mean().item()
+        predicted = model(batch["image"].unsqueeze(1)).argmax(1)
+    return (predicted == batch["label"]).float().mean().item()
 
 
 def main():

@@ -100,8 +100,10 @@ def check_trained(run, reference, num_workers):
     for rank in range(1, num_workers):
         assert _max_diff(ranks["final"][rank], weights) == 0.0, f"rank {rank} differs from rank 0"
     reference_weights = reference[1]["final"][0]
-    assert _close(weights, reference_weights), \
-        f"max difference {_max_diff(weights, reference_weights):.3g} from the reference"
+    difference = _max_diff(weights, reference_weights)
+    print(f"{num_workers} workers: max |weight - reference's| {difference:.3g}, "
+          f"moved {_max_diff(weights, loops.initial_weights(CONFIG)):.3g} from the start")
+    assert _close(weights, reference_weights), f"max difference {difference:.3g} from the reference"
     assert result.metrics["step"] == CONFIG["steps"]
     assert result.checkpoint is not None
 
