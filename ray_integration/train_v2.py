@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, Optional, Union
 from ray.train import DataConfig
 from ray.train.v2.api.config import RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+from ray.train.v2.api.validation_config import ValidationConfig
 
 from .train_v2_backend import HvdConfig
 
@@ -59,7 +60,7 @@ class HvdTrainer(DataParallelTrainer):
         run_config: Optional[RunConfig] = None,
         datasets: Optional[Dict[str, Any]] = None,
         dataset_config: Optional[DataConfig] = None,
-        validation_config=None,
+        validation_config: Optional[ValidationConfig] = None,
     ):
         horovod_config = HvdConfig() if horovod_config is None else horovod_config
         if not isinstance(horovod_config, HvdConfig):

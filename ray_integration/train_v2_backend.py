@@ -53,7 +53,8 @@ class HvdConfig(TorchConfig):
     shutdown_timeout_s: how long the group's end waits for every worker's
         destroy_process_group() and hvd.shutdown() before Ray kills them.
     env_vars: hvd settings for every worker (HOROVOD_FUSION_THRESHOLD,
-        HOROVOD_TIMELINE, ...), set before the engine starts.
+        HOROVOD_TIMELINE, ...), set before the engine starts; an HVD_TORCH_SECRET
+        here replaces the fresh one each group gets otherwise.
     """
 
     backend: Optional[str] = HVD
@@ -76,7 +77,7 @@ class HvdConfig(TorchConfig):
         env = {key: str(value) for key, value in self.env_vars.items()}
         if self.start_timeout_s is not None:
             env["HOROVOD_START_TIMEOUT"] = str(self.start_timeout_s)
-        env["HVD_TORCH_SECRET"] = make_secret().hex()  # fresh per group: a restart too
+        env.setdefault("HVD_TORCH_SECRET", make_secret().hex())  # fresh per group: a restart too
         return env
 
     def to_dict(self):
@@ -87,7 +88,9 @@ class HvdConfig(TorchConfig):
 class HvdBackend(Backend):
     """Ray Train's hooks for HvdConfig; the controller calls them, one group at a time."""
 
-    share_cuda_visible_devices = True  # as Ray's torch backend: NCCL needs every local GPU
+    # As Ray's torch backend: every worker sees its node's GPUs, and the training
+    # function's context (TorchConfig's) makes ray.train.torch.get_device() current.
+    share_cuda_visible_devices = True
 
     def on_start(self, worker_group, backend_config: HvdConfig):
         worker_group.execute(_set_environment, backend_config.worker_env())
@@ -98,8 +101,8 @@ class HvdBackend(Backend):
 
     def on_shutdown(self, worker_group, backend_config: HvdConfig):
         refs = worker_group.execute_async(_stop_hvd)
-        done, pending = ray.wait(refs, num_returns=len(refs),
-                                 timeout=backend_config.shutdown_timeout_s)
+        _, pending = ray.wait(refs, num_returns=len(refs),
+                              timeout=backend_config.shutdown_timeout_s)
         for rank, ref in enumerate(refs):
             if ref in pending:
                 logger.warning("hvd backend: rank %d did not stop its hvd engine within %g s; "

@@ -186,3 +186,26 @@ def test_example_trains_the_digits():
     accuracy = float(re.search(r"final checkpoint scored on the driver: val accuracy ([0-9.]+)",
                                out).group(1))
     assert accuracy > 0.9, out[-3000:]
+
+
+def test_hvd_config_says_what_it_refuses_and_sends():
+    """A backend without hvd is refused naming TorchTrainer, a config that is not an
+    HvdConfig naming HvdConfig; every worker group gets a fresh 32-byte secret
+    unless env_vars names one, and HOROVOD_START_TIMEOUT when start_timeout_s is set."""
+    from ray.train.torch import TorchConfig
+
+    from ray_integration import HvdConfig, HvdTrainer
+
+    with pytest.raises(ValueError, match="TorchTrainer"):
+        HvdConfig(backend="gloo")
+    with pytest.raises(TypeError, match="HvdConfig"):
+        HvdTrainer(loops.hvd_loop, horovod_config=TorchConfig(backend="hvd"))
+    assert HvdConfig(backend="cpu:hvd,cuda:nccl").backend == "cpu:hvd,cuda:nccl"
+
+    config = HvdConfig(start_timeout_s=12, env_vars={"HOROVOD_CYCLE_TIME": 2})
+    first, second = config.worker_env(), config.worker_env()
+    assert len(bytes.fromhex(first["HVD_TORCH_SECRET"])) == 32
+    assert first["HVD_TORCH_SECRET"] != second["HVD_TORCH_SECRET"]
+    assert (first["HOROVOD_START_TIMEOUT"], first["HOROVOD_CYCLE_TIME"]) == ("12", "2")
+    given = "ab" * 16
+    assert HvdConfig(env_vars={"HVD_TORCH_SECRET": given}).worker_env()["HVD_TORCH_SECRET"] == given
