@@ -177,12 +177,12 @@ def test_killed_worker_resumes_from_its_checkpoint(runs, tmp_path):
     check_trained((result, ranks), runs("hvd", 2), 2)
 
 
-def test_example_trains_the_digits():
+def test_example_trains_the_digits(tmp_path):
     """examples/ray_train_v2_digits.py on 2 workers of this module's Ray: it fails
     unless every rank ends with the same weights; the final checkpoint scores
     well on the driver."""
     out = run_example("ray_train_v2_digits.py", "--num-workers", "2", "--address", ray_address(),
-                      timeout=400)
+                      "--storage", str(tmp_path), timeout=400)
     accuracy = float(re.search(r"final checkpoint scored on the driver: val accuracy ([0-9.]+)",
                                out).group(1))
     assert accuracy > 0.9, out[-3000:]
