@@ -22,7 +22,7 @@ import os
 import sys
 
 BACKEND = "hvd"
-_log = logging.getLogger("hvd_torch.autoload")
+_log = logging.getLogger(__name__)
 
 
 def register() -> None:

@@ -68,6 +68,8 @@ def init(comm=None, process_sets=None):
 
         worker_rendezvous.join_round()
     _C.init()
+    if launch.torchrun:
+        distributed.remove_secret_files()  # every rank has read it by now
     with error_translation.translated_errors():  # a peer lost during its allgathers
         gpu.configure()
     process_sets_module._after_init(process_sets)

@@ -130,14 +130,28 @@ def rendezvous_env(store, rank: int, size: int) -> None:
 
 def _private_secret_file(secret: bytes) -> str:
     """A file holding secret that only this user can read (a 0700 directory, a 0600
-    file), removed when this process exits; its path is not a secret."""
+    file), removed once the engine's rendezvous is done (remove_secret_files), or
+    when this process exits; its path is not a secret."""
     directory = tempfile.mkdtemp(prefix="hvd_torch-")
     path = os.path.join(directory, "secret")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(secret)
+    _secret_dirs.append(directory)
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
     return path
+
+
+_secret_dirs = []
+
+
+def remove_secret_files() -> None:
+    """Removes rank 0's secret files once its engine has met every rank: each read the
+    file before it joined, and a later init() takes the secret from the environment.
+    Not left to atexit alone: a process killed by its driver (Ray's workers are)
+    never runs it."""
+    while _secret_dirs:
+        shutil.rmtree(_secret_dirs.pop(), ignore_errors=True)
 
 
 def _read_secret_file(path) -> bytes:
@@ -262,6 +276,7 @@ def _create_backend(options, backend_options):
         if config.Launch.from_environment().horovod_rank is None:  # else hvdrun's (or Ray's)
             rendezvous_env(options.store, rank, size)
         basics.init()
+        remove_secret_files()
     world = basics.size()
     process_set = 0
     if not ranks:  # the default group: one rank of it per engine rank

@@ -589,11 +589,18 @@ class HvdBackend : public c10d::Backend {
       } else {
         work->wait(kShutdownWait);
       }
+    } catch (const c10::Error& e) {
+      // A peer that died or already shut down: nothing left to wait for. One line,
+      // not torch's C++ backtrace: the cause is the peer, not this frame.
+      warnBarrierFailed(e.what_without_backtrace());
     } catch (const std::exception& e) {
-      // A peer that died or already shut down: nothing left to wait for.
-      std::fprintf(stderr, "[hvd_torch] WARNING: %sdestroy_process_group's barrier: %s\n",
-                   kPrefix, e.what());
+      warnBarrierFailed(e.what());
     }
+  }
+
+  static void warnBarrierFailed(const char* why) {
+    std::fprintf(stderr, "[hvd_torch] WARNING: %sdestroy_process_group's barrier: %s\n",
+                 kPrefix, why);
   }
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>&, int, int) override {

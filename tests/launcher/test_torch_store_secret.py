@@ -17,7 +17,7 @@ TIMEOUT = 120  # two ranks that import torch, on two busy cores
 # A rank of a plain torch.distributed job on the "hvd" backend, meeting the other
 # through a FileStore (whose file holds every key and value torch's store got).
 RANK = """
-import json, os, sys, torch, torch.distributed as dist
+import glob, json, os, sys, tempfile, torch, torch.distributed as dist
 import hvd_torch  # registers the backend
 path, rank = sys.argv[1], int(sys.argv[2])
 dist.init_process_group("hvd", store=dist.FileStore(path, 2), rank=rank, world_size=2)
@@ -28,14 +28,17 @@ secret = os.environ["HOROVOD_SECRET_KEY"]
 seen = open(path, "rb").read()
 print(json.dumps({"sum": t.item(), "secret": secret, "store_host": os.environ[
     "HOROVOD_GLOO_RENDEZVOUS_ADDR"], "leaked": secret.encode() in seen.lower()
-    or bytes.fromhex(secret) in seen}), flush=True)
+    or bytes.fromhex(secret) in seen, "secret_dirs": glob.glob(os.path.join(
+    tempfile.gettempdir(), "hvd_torch-*"))}), flush=True)
 dist.destroy_process_group()
 """
 
 
 def _run_job(tmp_path, extra_env):
     store = tmp_path / "filestore"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra_env)
+    # A temp folder of the job's own: what rank 0's secret file leaves behind is seen.
+    (tmp_path / "tmp").mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path / "tmp"), **extra_env)
     procs = []
     for rank in range(2):
         rank_env = {k: v.format(rank=rank) for k, v in env.items()}
@@ -63,6 +66,9 @@ def test_one_host_hands_the_secret_over_in_a_private_file_not_in_torchs_store(tm
     assert reports[0]["secret"] == reports[1]["secret"] and len(reports[0]["secret"]) == 64
     assert not any(r["leaked"] for r in reports), reports
     assert {r["store_host"] for r in reports} == {"127.0.0.1"}
+    # Gone once every rank met the engine, while the job still runs: a rank its
+    # driver kills (Ray's workers) never runs the atexit that removes it too.
+    assert [r["secret_dirs"] for r in reports] == [[], []], reports
 
 
 TWO_HOSTS = {  # torchrun's variables for one rank on each of two hosts

@@ -50,7 +50,7 @@ def test_a_failure_is_logged_not_raised(no_hvd_plugin, monkeypatch, caplog):
         raise RuntimeError("registry on fire")
 
     monkeypatch.setattr(dist.Backend, "register_backend", broken)
-    with caplog.at_level(logging.WARNING, logger="hvd_torch.autoload"):
+    with caplog.at_level(logging.WARNING, logger="hvd_torch_autoload"):
         hvd_torch_autoload.register()  # must not raise: it runs inside `import torch`
     assert "HVD" not in dist.Backend._plugins
     assert "could not register" in caplog.text and "registry on fire" in caplog.text
