@@ -139,7 +139,6 @@ def main(args):
 
 if __name__ == "__main__":
     ARGS = parse_args()
-    CODE = main(ARGS)
-    if ARGS.backend == "gloo":
-        exit_now(CODE)
-    sys.exit(CODE)
+    # On either backend: Lightning makes a Gloo group of its own (its data connector's
+    # _InfiniteBarrier), whose threads may abort the interpreter's exit (see exit_now).
+    exit_now(main(ARGS))

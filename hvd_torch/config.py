@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from hvdrun import elastic_keys
 from hvdrun.config import Snapshot, variable
 
-__all__ = ["VARIABLES", "ElasticWorker", "Gpu", "Launch", "Logging", "horovod_variables"]
+__all__ = ["VARIABLES", "ElasticWorker", "Gpu", "HvdrunLayout", "Launch", "Logging",
+           "horovod_variables"]
 
 HOROVOD_PREFIX = "HOROVOD_"  # horovod_env.py checks every variable of the family
 START_TIMEOUT_S = 30.0  # HOROVOD_START_TIMEOUT's default, as the engine's
@@ -67,6 +68,14 @@ VARIABLES = {
     "HOROVOD_GLOO_IFACE": "network interface for the control plane and Gloo across hosts",
     elastic_keys.ENV_TIMEOUT: "seconds an elastic worker waits for a round assignment "
                               "(default 630)",
+    # Where hvdrun put this rank, for frameworks that take the launcher's layout
+    # (integrations/lightning.py); the engine reads its own copy.
+    "HOROVOD_SIZE": "hvdrun's number of ranks",
+    "HOROVOD_LOCAL_RANK": "hvdrun's rank on this host",
+    "HOROVOD_LOCAL_SIZE": "hvdrun's ranks on this host",
+    "HOROVOD_CROSS_RANK": "hvdrun's index of this host",
+    "HOROVOD_CROSS_SIZE": "hvdrun's number of hosts",
+    "HOROVOD_ELASTIC": "1 under elastic hvdrun: a worker learns its rank in hvd.init()",
     # The logger (log.py) and the GPU (gpu.py).
     "HOROVOD_LOG_LEVEL": "engine and hvd_torch logger level: trace, debug, info, warning, "
                          "error, fatal",
@@ -165,6 +174,26 @@ class Launch(Snapshot):
     @property
     def attempt(self) -> str:
         return "0" if self.restart_count is None else self.restart_count
+
+
+@dataclasses.dataclass(frozen=True)
+class HvdrunLayout(Snapshot):
+    """Where hvdrun (or the Ray driver) put this rank, as it told the process: read by
+    the integrations whose framework takes the launcher's layout (integrations/lightning.py)."""
+
+    rank: str | None = variable(VARIABLES, "HOROVOD_RANK")
+    size: str | None = variable(VARIABLES, "HOROVOD_SIZE")
+    local_rank: str | None = variable(VARIABLES, "HOROVOD_LOCAL_RANK")
+    local_size: str | None = variable(VARIABLES, "HOROVOD_LOCAL_SIZE")
+    cross_rank: str | None = variable(VARIABLES, "HOROVOD_CROSS_RANK")
+    cross_size: str | None = variable(VARIABLES, "HOROVOD_CROSS_SIZE")
+    elastic: str | None = variable(VARIABLES, "HOROVOD_ELASTIC")
+    master_addr: str | None = variable(VARIABLES, "MASTER_ADDR")
+    master_port: str | None = variable(VARIABLES, "MASTER_PORT")
+
+    def number(self, field: str) -> int:
+        """The field as an int; KeyError naming its variable when unset."""
+        return int(self.required(field))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,14 +32,9 @@ HONOURED = {
     "HOROVOD_STALL_CHECK_DISABLE": "1: no stall warnings or stall shutdown",
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "warn about ops some ranks never submit after this",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "fail every rank after this (0: never)",
-    # Set by the launcher (hvdrun, horovodrun --gloo, the Ray driver) for each rank.
-    "HOROVOD_SIZE": "number of ranks",
-    "HOROVOD_LOCAL_RANK": "rank on this host",
-    "HOROVOD_LOCAL_SIZE": "ranks on this host",
-    "HOROVOD_CROSS_RANK": "this host's index",
-    "HOROVOD_CROSS_SIZE": "number of hosts",
+    # Set by the launcher (hvdrun, horovodrun --gloo, the Ray driver) for each rank
+    # (HOROVOD_SIZE, _LOCAL_RANK, ... and HOROVOD_ELASTIC: config.VARIABLES, above).
     "HOROVOD_HOSTNAME": "this host's name, as the other ranks reach it",
-    "HOROVOD_ELASTIC": "set to 1 by the elastic launcher; scripts may read it",
     "HOROVOD_GLOO_IFACE": "network interface for the control plane and Gloo across hosts",
     # docs/toolbox.md, "Timeline" and "Autotune".
     "HOROVOD_TIMELINE": "rank 0 writes a Chrome-trace timeline to this path (DYNAMIC: none yet)",

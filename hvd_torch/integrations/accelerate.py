@@ -31,9 +31,10 @@ Accelerate is imported only when these functions run: hvd_torch does not need it
 from __future__ import annotations
 
 import datetime
-import os
 
 import torch.distributed as dist  # hvd_torch's import (our package) registered "hvd"
+
+from hvd_torch import config
 
 BACKEND = "hvd"
 
@@ -81,4 +82,5 @@ def accelerator(cpu: bool = True, **accelerator_kwargs):
 
 def _launched() -> bool:
     """Whether a launcher set torch.distributed's env:// variables for this process."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    launch = config.Launch.from_environment()
+    return launch.rank is not None and launch.world_size is not None

@@ -18,16 +18,17 @@ Lightning is imported here only: hvd_torch itself never needs it.
 
 from __future__ import annotations
 
-import os
-
 from lightning_fabric.plugins.environments import ClusterEnvironment
 from pytorch_lightning.strategies import DDPStrategy
+
+from hvd_torch import config
 
 __all__ = ["HvdEnvironment", "HvdStrategy"]
 
 
-def _launcher_int(name: str) -> int:
-    return int(os.environ[name])
+def _layout() -> config.HvdrunLayout:
+    """Read on every call: elastic hvdrun sets a worker's rank in hvd.init()."""
+    return config.HvdrunLayout.from_environment()
 
 
 class HvdEnvironment(ClusterEnvironment):
@@ -41,8 +42,9 @@ class HvdEnvironment(ClusterEnvironment):
 
     def __init__(self) -> None:
         super().__init__()
-        if "HOROVOD_RANK" not in os.environ:
-            if os.environ.get("HOROVOD_ELASTIC") == "1":
+        layout = _layout()
+        if layout.rank is None:
+            if layout.elastic == "1":
                 raise RuntimeError(
                     "HvdEnvironment: under elastic hvdrun a worker learns its rank in "
                     "hvd.init(); call hvd.init() before creating the Trainer")
@@ -55,39 +57,41 @@ class HvdEnvironment(ClusterEnvironment):
 
     @property
     def main_address(self) -> str:
-        return os.environ["MASTER_ADDR"]  # hvdrun sets it in every mode (hvdrun/env.py)
+        return _layout().required("master_addr")  # hvdrun sets it in every mode (hvdrun/env.py)
 
     @property
     def main_port(self) -> int:
-        return _launcher_int("MASTER_PORT")
+        return _layout().number("master_port")
 
     @staticmethod
     def detect() -> bool:
-        return "HOROVOD_RANK" in os.environ or os.environ.get("HOROVOD_ELASTIC") == "1"
+        layout = _layout()
+        return layout.rank is not None or layout.elastic == "1"
 
     def world_size(self) -> int:
-        return _launcher_int("HOROVOD_SIZE")
+        return _layout().number("size")
 
     def set_world_size(self, size: int) -> None:
         pass  # the launcher's; validate_settings has checked that Lightning agrees
 
     def global_rank(self) -> int:
-        return _launcher_int("HOROVOD_RANK")
+        return _layout().number("rank")
 
     def set_global_rank(self, rank: int) -> None:
         pass  # as set_world_size
 
     def local_rank(self) -> int:
-        return _launcher_int("HOROVOD_LOCAL_RANK")
+        return _layout().number("local_rank")
 
     def node_rank(self) -> int:
-        return _launcher_int("HOROVOD_CROSS_RANK")
+        return _layout().number("cross_rank")
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Lightning places ranks as num_nodes hosts of num_devices each; the job must be
         that shape, else its sampler shards and rank-zero checks would be wrong."""
-        size, local = self.world_size(), _launcher_int("HOROVOD_LOCAL_SIZE")
-        hosts = _launcher_int("HOROVOD_CROSS_SIZE")
+        layout = _layout()
+        size, local = layout.number("size"), layout.number("local_size")
+        hosts = layout.number("cross_size")
         if (num_devices, num_nodes) != (local, hosts) or local * hosts != size:
             raise ValueError(
                 f"HvdEnvironment: the launcher started {size} ranks on {hosts} host(s), "
