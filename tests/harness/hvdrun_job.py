@@ -110,3 +110,27 @@ def run_hvdrun(args, env=None, cwd=None, timeout=90.0, merge_stderr=False):
             out, err = proc.communicate()
         raise AssertionError(f"hvdrun {' '.join(args)}: no exit within {timeout}s\n{out}\n{err}")
     return proc.returncode, out, err
+
+
+def run_hvdrun_nodes(args, env, cwd, timeout, nnodes=2):
+    """One `hvdrun --nnodes NNODES --node-rank I --nproc-per-node 1` per node on this
+    machine (as srun starts them), each to the end; returns (exit codes, outputs,
+    the rendezvous port). Every process still running at the end is killed."""
+    import sys
+
+    from torchrun_job import free_port
+
+    rdzv_port = free_port()
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "hvdrun", "--nnodes", str(nnodes), "--node-rank", str(node),
+         "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}", *map(str, args)],
+        env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for node in range(nnodes)]  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return [p.returncode for p in nodes], outs, rdzv_port

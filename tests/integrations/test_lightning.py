@@ -18,14 +18,13 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from hvdrun_job import run_hvdrun
-from torchrun_job import free_port, launch_env, run_in_session
+from hvdrun_job import run_hvdrun, run_hvdrun_nodes
+from torchrun_job import launch_env, run_in_session
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "harness" / "lightning_job.py"
@@ -167,22 +166,10 @@ def test_hvdrun_per_node_mode(runs, tmp_path):
     """Two one-rank "nodes" on this machine (one hvdrun each, as srun starts them):
     HvdEnvironment takes node rank and counts from hvdrun, and the example's defaults
     (devices=LOCAL_WORLD_SIZE, num_nodes=GROUP_WORLD_SIZE) agree with them."""
-    rdzv = f"127.0.0.1:{free_port()}"
     env = launch_env(HVD_TORCH_SECRET=os.urandom(16).hex())
-    cmd = [sys.executable, "-m", "hvdrun", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-endpoint", rdzv]
-    args = [sys.executable, *map(str, job_args(tmp_path, "hvd"))]
-    nodes = [subprocess.Popen([*cmd, "--node-rank", str(node), *args], env=env, cwd=ROOT,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for node in range(2)]
-    try:
-        outs = [p.communicate(timeout=RUN_TIMEOUT)[0] for p in nodes]
-    finally:
-        for p in nodes:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    assert [p.returncode for p in nodes] == [0, 0], outs
+    codes, outs, _ = run_hvdrun_nodes([sys.executable, *job_args(tmp_path, "hvd")], env, ROOT,
+                                      RUN_TIMEOUT)
+    assert codes == [0, 0], outs
     ranks = reports(tmp_path, 2, "\n".join(outs))
     assert {r["environment"] for r in ranks} == {"HvdEnvironment"}
     assert_trained_alike(ranks, runs["gloo"])

@@ -9,12 +9,11 @@ example over the "hvd" backend.
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-from hvdrun_job import run_hvdrun
-from torchrun_job import PLAIN_DDP, ddp_reports as _ddp_reports, free_port as _free_port
+from hvdrun_job import run_hvdrun, run_hvdrun_nodes
+from torchrun_job import PLAIN_DDP, ddp_reports as _ddp_reports
 from torchrun_job import launch_env as _env, run_torchrun as _torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,22 +84,10 @@ def test_hvdrun_runs_a_plain_ddp_script():
 def test_hvdrun_per_node_runs_a_plain_ddp_script():
     """Two "nodes" on this machine (one hvdrun each, as srun would start them), one rank
     each: node 0 picks MASTER_PORT and publishes it through the rendezvous store."""
-    rdzv_port = _free_port()
     env = dict(_env(), HVD_TORCH_SECRET=os.urandom(16).hex())
-    nodes = [subprocess.Popen(
-        [sys.executable, "-m", "hvdrun", "--nnodes", "2", "--node-rank", str(node),
-         "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}",
-         sys.executable, str(PLAIN_DDP)],
-        env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True) for node in range(2)]  # fmt: skip
-    try:
-        outs = [p.communicate(timeout=RUN_TIMEOUT)[0] for p in nodes]
-    finally:
-        for p in nodes:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    assert [p.returncode for p in nodes] == [0, 0], outs
+    codes, outs, rdzv_port = run_hvdrun_nodes([sys.executable, PLAIN_DDP], env, ROOT,
+                                              RUN_TIMEOUT)
+    assert codes == [0, 0], outs
     reports = _ddp_reports("\n".join(outs), 2)
     for rank, report in reports.items():
         assert _env_of(report, "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
