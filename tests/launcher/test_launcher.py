@@ -101,9 +101,12 @@ def test_ranks_get_env_and_prefixed_output():
 
 
 def test_sigterm_to_launcher_is_forwarded(tmp_path):
+    # Written under another name, then renamed: the test waits for the file to exist,
+    # and must never read it half-written (an empty pid failed once in CI).
     child = (
-        f"import os, time; open(r'{tmp_path}/r' + os.environ['HOROVOD_RANK'], 'w')"
-        ".write(str(os.getpid())); time.sleep(60)"
+        f"import os, time; p = r'{tmp_path}/r' + os.environ['HOROVOD_RANK']; "
+        "open(p + '.tmp', 'w').write(str(os.getpid())); os.replace(p + '.tmp', p); "
+        "time.sleep(60)"
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "hvd_torch.runner", "-np", "2", sys.executable, "-c", child],
