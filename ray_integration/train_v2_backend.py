@@ -11,9 +11,9 @@ engine needs around it:
 - before: a fresh secret for hvd's rendezvous store on every worker
   (HVD_TORCH_SECRET), chosen on the controller and sent with Ray's task
   arguments, as RayExecutor sends its HOROVOD_SECRET_KEY. Without it the engine
-  refuses a job that spans nodes, and on one node rank 0 hands its own secret
-  over in a file that its atexit removes, which a Ray worker never runs: Ray
-  ends the group's processes with a kill.
+  refuses a job that spans nodes, and on one node rank 0 would hand its own
+  secret over in a file (removed once every rank has joined), which this
+  avoids altogether.
 - after: destroy the process group and hvd.shutdown() on every worker still
   alive, each bounded, before Ray kills the processes. A failed worker group is
   torn down the same way, and a restart gets new processes (new actors), so
