@@ -44,9 +44,10 @@ test-fast: setup
 # only so waits on time, not on its event. The serial tests stay out: they
 # measure a quiet machine on purpose (bytes on loopback, how many calls the
 # lane takes), which a busy one is not. Not in CI; docs/testing.md.
-# Explicit, so the tier rule below does not take it for a marker.
+# Each test's verdict prints as it comes (--verbosity=1), so a failure is seen
+# before the end. Explicit, so the tier rule below does not take it for a marker.
 test-stress: setup
-	bash scripts/stress.sh $(PYTEST) $(XDIST) -m "not serial" tests
+	bash scripts/stress.sh $(PYTEST) --verbosity=1 -rfE $(XDIST) -m "not serial" tests
 
 # The C++ unit tests under ASan+UBSan and under TSan, then the extension built
 # with ASan+UBSan (into build/asan, beside the normal build) running the

@@ -8,6 +8,10 @@
 #   bash scripts/stress.sh [COMMAND...]    STRESS_PROCS=N: N busy processes
 set -u
 procs=${STRESS_PROCS:-$(nproc)}
+# Ray starts its workers at niceness 15, below a load at the caller's: they
+# would get a few percent of a core and every Ray test would crawl (starved,
+# not loaded). At the load's niceness they compete as our own ranks do.
+export RAY_worker_niceness=${RAY_worker_niceness:-0}
 [ $# -gt 0 ] || set -- make test
 pids=()
 cmd=
