@@ -72,8 +72,8 @@ double cpuSeconds() {
 }
 
 void submit(Coordinator& c, Arrival&& a) {
-  std::string error = c.add(std::move(a));
-  if (!error.empty()) fail(error);
+  const Status status = c.add(std::move(a));
+  if (!status.ok()) fail(status.message);
 }
 
 // Negotiates `name` in full: every rank sends its request. Returns the slot.

@@ -77,13 +77,13 @@ bool Coordinator::isMember(const std::vector<int>& members, int rank) const {
   return indexIn(members, rank) >= 0;
 }
 
-std::string Coordinator::add(Arrival&& arrival) {
+Status Coordinator::add(Arrival&& arrival) {
   const std::vector<Request>* slot = nullptr;
   if (arrival.cache_id >= 0) {
     slot = cache_.find(arrival.cache_id);
     if (slot == nullptr) {
-      return "internal: rank " + std::to_string(arrival.rank) + " named unknown cache slot " +
-             std::to_string(arrival.cache_id);
+      return Status::internal("internal: rank " + std::to_string(arrival.rank) +
+                              " named unknown cache slot " + std::to_string(arrival.cache_id));
     }
   }
   // A cached arrival's request stays in its slot (requestOf), read here only
@@ -122,9 +122,10 @@ std::string Coordinator::add(Arrival&& arrival) {
                             : sets_.find(request().process_set, &members_scratch_) &&
                                   indexIn(members_scratch_, arrival.rank) >= 0;
   if (!member) {
-    return "rank " + std::to_string(arrival.rank) + " submitted '" + request().name +
-           "' on process set " + std::to_string(request().process_set) +
-           ", which does not exist or does not contain it";
+    return Status::refused("rank " + std::to_string(arrival.rank) + " submitted '" +
+                           request().name + "' on process set " +
+                           std::to_string(request().process_set) +
+                           ", which does not exist or does not contain it");
   }
   if (!known) known = &insertPending(key)->second;
   Pending& p = *known;
@@ -145,8 +146,8 @@ std::string Coordinator::add(Arrival&& arrival) {
     p.first_arrival = std::chrono::steady_clock::now();
   }
   if (p.arrived[arrival.rank]) {
-    return "an operation named '" + p.name + "' is already in flight on rank " +
-           std::to_string(arrival.rank);
+    return Status::refused("an operation named '" + p.name + "' is already in flight on rank " +
+                           std::to_string(arrival.rank));
   }
   p.arrived[arrival.rank] = true;
   p.last_rank = arrival.rank;
@@ -167,12 +168,12 @@ std::string Coordinator::add(Arrival&& arrival) {
   kept.has_inline = arrival.has_inline;
   if (arrival.has_inline) kept.inline_data.swap(arrival.inline_data);
   ++p.count;
-  if (!removing_.empty() && failIfStranded(key)) return "";
+  if (!removing_.empty() && failIfStranded(key)) return Status::Ok();
   if (!p.ready && readyToRun(p)) {
     p.ready = true;
     markReady(key, p);
   }
-  return "";
+  return Status::Ok();
 }
 
 Coordinator::Table::iterator Coordinator::insertPending(const std::string& key) {
@@ -338,11 +339,12 @@ ReadyOp Coordinator::negotiate(Pending& p) {
   // A slot every rank named was validated when it was created: skip the checks.
   // What cannot run without the joined ranks is refused first: validating it
   // against the ranks that did submit would only confuse.
-  std::string error = partial ? refuseWhileJoined(reqs[0], p) : "";
-  if (error.empty() && !all_same_slot) error = validate(reqs, ranks);
-  if (!error.empty()) {
+  Status error = partial ? refuseWhileJoined(reqs[0], p) : Status::Ok();
+  if (error.ok() && !all_same_slot) error = validate(reqs, ranks);
+  if (!error.ok()) {
     r.kind = Response::kError;
-    r.error = error;
+    r.error_code = error.code;
+    r.error = std::move(error.message);
     r.cache_ids = {-1};
     return op;
   }
@@ -480,16 +482,20 @@ std::string bundleMismatch(const std::vector<Request>& reqs, const std::vector<i
 
 }  // namespace
 
-std::string Coordinator::validate(const std::vector<Request>& reqs,
-                                  const std::vector<int>& ranks) const {
+Status Coordinator::validate(const std::vector<Request>& reqs,
+                             const std::vector<int>& ranks) const {
   const Request& a = reqs[0];
   const std::string what = std::string(opTypeName(a.type)) + " '" + a.name + "'";
   auto mismatch = [&](const char* field, auto value) {
-    return what + ": mismatched " + field + " across ranks: " + describe(reqs, ranks, value);
+    return Status::refused(what + ": mismatched " + field +
+                           " across ranks: " + describe(reqs, ranks, value));
   };
   for (const auto& q : reqs) {
-    if (q.type != a.type) return "mismatched operations for tensor '" + a.name + "': " +
-                                 describe(reqs, ranks, [](const Request& x) { return opTypeName(x.type); });
+    if (q.type != a.type) {
+      auto type = [](const Request& x) { return opTypeName(x.type); };
+      return Status::refused("mismatched operations for tensor '" + a.name +
+                             "': " + describe(reqs, ranks, type));
+    }
   }
   for (const auto& q : reqs) {
     if (q.dtype != a.dtype) return mismatch("dtypes", [](const Request& x) { return dataTypeName(x.dtype); });
@@ -513,7 +519,7 @@ std::string Coordinator::validate(const std::vector<Request>& reqs,
   auto shape = [](const Request& x) { return x.shapeString(); };
   if (a.type == OpType::kAllreduce) {
     for (const auto& q : reqs) {
-      if (q.bundle_shapes != a.bundle_shapes) return bundleMismatch(reqs, ranks);
+      if (q.bundle_shapes != a.bundle_shapes) return Status::refused(bundleMismatch(reqs, ranks));
     }
   }
   if (a.type == OpType::kAllgather || a.type == OpType::kAlltoall) {
@@ -566,23 +572,23 @@ std::string Coordinator::validate(const std::vector<Request>& reqs,
         return mismatch("root ranks", [](const Request& x) { return x.root_rank; });
     }
   }
-  return "";
+  return Status::Ok();
 }
 
-std::string Coordinator::refuseWhileJoined(const Request& q, const Pending& p) const {
+Status Coordinator::refuseWhileJoined(const Request& q, const Pending& p) const {
   const std::string what = std::string(opTypeName(q.type)) + " '" + q.name + "'";
   switch (q.type) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:
     case OpType::kAllgather:
-      return "";
+      return Status::Ok();
     case OpType::kBroadcast:
-      if (q.root_rank >= 0 && q.root_rank < size_ && p.arrived[q.root_rank]) return "";
-      return what + ": its root rank " + std::to_string(q.root_rank) +
-             " has joined, so there is nothing to broadcast";
+      if (q.root_rank >= 0 && q.root_rank < size_ && p.arrived[q.root_rank]) return Status::Ok();
+      return Status::refused(what + ": its root rank " + std::to_string(q.root_rank) +
+                             " has joined, so there is nothing to broadcast");
     default:
-      return what + " cannot run while some ranks have joined (allreduce, allgather, "
-                    "broadcast and reducescatter can)";
+      return Status::refused(what + " cannot run while some ranks have joined (allreduce, "
+                                    "allgather, broadcast and reducescatter can)");
   }
 }
 

@@ -35,9 +35,11 @@ class Coordinator {
  public:
   Coordinator(int size, size_t fusion_threshold, size_t cache_capacity);
 
-  // Returns an error message when the arrival itself is invalid (unknown slot,
-  // a name this rank already has in flight); the caller fails that rank's op.
-  std::string add(Arrival&& arrival);
+  // Not ok when the arrival itself is invalid: kInternal for a slot rank 0
+  // never gave out (the ranks' caches disagree: a bug), kRefused for a rank
+  // outside the op's process set or a name this rank already has in flight.
+  // The caller fails that rank's op with it.
+  Status add(Arrival&& arrival);
 
   // Responses for everything that became ready since the last call, fused.
   std::vector<Response> takeReady();
@@ -102,11 +104,13 @@ class Coordinator {
   ReadyOp negotiate(Pending& pending);
   // kAddProcessSet / kRemoveProcessSet, once every rank asked for the same.
   void changeProcessSets(const std::vector<Request>& reqs, Response& r);
-  std::string validate(const std::vector<Request>& reqs, const std::vector<int>& ranks) const;
+  // kRefused naming every rank's value when the ranks' requests disagree.
+  Status validate(const std::vector<Request>& reqs, const std::vector<int>& ranks) const;
   // The arrived members' inline data, reduced in rank order (consumed).
   std::string reduceInline(const Request& q, Pending& p) const;
-  // An op some ranks joined before: "" when it can run without them, else why not.
-  std::string refuseWhileJoined(const Request& q, const Pending& p) const;
+  // An op some ranks joined before: ok when it can run without them, else
+  // kRefused saying why not.
+  Status refuseWhileJoined(const Request& q, const Pending& p) const;
 
   // An arrived rank's request: its slot's when it named one (unchanged until
   // this name is negotiated again, which needs this entry), else its own.

@@ -332,17 +332,18 @@ void Engine::arrive(Arrival a, const Request* own) {
     return;
   }
   const int rank = a.rank;
-  std::string error = coordinator_->add(std::move(a));
-  if (error.empty()) return;
+  Status status = coordinator_->add(std::move(a));
+  if (status.ok()) return;
   // Another rank's submission the coordinator cannot answer: that rank checked
   // it before sending, so the ranks' state disagrees (a bug, not a peer gone).
-  if (own == nullptr) throw InternalError("rank " + std::to_string(rank) + ": " + error);
+  if (own == nullptr) throw InternalError("rank " + std::to_string(rank) + ": " + status.message);
   Response r;
   r.kind = Response::kError;
   r.names = {own->name};
   r.process_set = own->process_set;
   r.cache_ids = {-1};
-  r.error = error;
+  r.error_code = status.code;
+  r.error = std::move(status.message);
   run(r);
 }
 
