@@ -4,10 +4,20 @@ Switch from Horovod with one line: `import hvd_torch as hvd`.
 """
 
 # Before anything loads _C: an extension built for another torch is an ImportError
-# that names the versions, not an `undefined symbol` (build_record.py).
+# that names the versions, not an `undefined symbol` (build_record.py). The
+# doctor, which explains a stale build, runs instead when it is the program.
 from hvd_torch import build_record as _build_record
 
-_build_record.verify()
+_stale, _stale_message = _build_record.stale()
+if _stale:
+    if _build_record.doctor_is_main():
+        import sys as _sys
+
+        from hvd_torch import doctor as _doctor
+
+        _sys.exit(_doctor.main(stale_build=_stale))
+    raise ImportError(_stale_message)
+del _stale, _stale_message
 
 from hvd_torch import log  # noqa: E402,F401  (the hvd_torch logger, HOROVOD_LOG_LEVEL)
 

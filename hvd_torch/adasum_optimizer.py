@@ -24,7 +24,7 @@ import torch
 
 from hvd_torch import adasum
 from hvd_torch.compression import Compression
-from hvd_torch.optimizer import _require_init
+from hvd_torch.optimizer_wrapping import adopt, require_init_for
 
 _NO_SKIP = ("Skipping synchronization is not supported when using Adasum optimizer: "
             "the update, not the gradient, is reduced, in step()")
@@ -49,7 +49,7 @@ class _AdasumOptimizer:
         raise AssertionError(_NO_SKIP)
 
     def step(self, closure=None):
-        _require_init("step")  # membership, and the deltas' reduction, need init()
+        require_init_for("step")  # membership, and the deltas' reduction, need init()
         loss = closure() if closure is not None else None
         if not self.process_set.included():
             super().step()  # outside the set: trains on its own, as in Horovod
@@ -73,20 +73,10 @@ class _AdasumOptimizer:
         return loss
 
 
-_CLASSES = {}
-
-
 def wrap(optimizer, parameter_names, compression=Compression.none, backward_passes_per_step=1,
          process_set=None):
     """An Adasum-wrapped optimizer sharing `optimizer`'s param_groups, defaults
     and state (see optimizer.DistributedOptimizer, which checks the arguments)."""
-    base = type(optimizer)
-    if base not in _CLASSES:
-        _CLASSES[base] = type(base.__name__, (_AdasumOptimizer, base),
-                              {"__module__": __name__, "__doc__": base.__doc__})
-    cls = _CLASSES[base]
-    wrapped = cls.__new__(cls)
-    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items()
-                             if k not in _AdasumOptimizer.__dict__})
+    wrapped = adopt(_AdasumOptimizer, optimizer, __name__)
     wrapped._hvd_adasum_init(parameter_names, compression, backward_passes_per_step, process_set)
     return wrapped

@@ -5,7 +5,7 @@ import os
 
 import torch  # noqa: F401  (loads libtorch before our extension)
 
-from hvd_torch import _C, config, gpu, horovod_env, log
+from hvd_torch import _C, config, gpu, horovod_env, log, store_rendezvous
 from hvd_torch import error_translation  # also registers the C++ layer's classes
 from hvd_torch import process_sets as process_sets_module
 
@@ -53,11 +53,9 @@ def init(comm=None, process_sets=None):
     if launch.torchrun:
         # torchrun (or any launcher that sets only torch.distributed's variables):
         # meet the other ranks through torch's TCPStore, which sets hvdrun's
-        # variables for this process (hvd_torch/distributed.py).
-        from hvd_torch import distributed
-
+        # variables for this process (hvd_torch/store_rendezvous.py).
         rank, size = launch.torchrun_rank_size()
-        distributed.rendezvous_env(distributed.torchrun_store(rank, size), rank, size)
+        store_rendezvous.rendezvous_env(store_rendezvous.torchrun_store(rank, size), rank, size)
     horovod_env.check()  # no HOROVOD_* variable is silently ignored
     log.configure()  # HOROVOD_LOG_LEVEL may have changed since import
     gpu.requested_operations()  # a bad HOROVOD_GPU_OPERATIONS fails before the rendezvous
@@ -69,7 +67,7 @@ def init(comm=None, process_sets=None):
         worker_rendezvous.join_round()
     _C.init()
     if launch.torchrun:
-        distributed.remove_secret_files()  # every rank has read it by now
+        store_rendezvous.remove_secret_files()  # every rank has read it by now
     with error_translation.translated_errors():  # a peer lost during its allgathers
         gpu.configure()
     process_sets_module._after_init(process_sets)
@@ -95,14 +93,19 @@ atexit.register(shutdown)
 is_initialized = _C.is_initialized
 
 
+def require_init(what, hint="call hvd.init() first"):
+    """Horovod raises ValueError when a call needs init() before it ran: so do we,
+    naming the call (what) and what to do (hint)."""
+    if not _C.is_initialized():
+        raise ValueError(f"{what} was called before hvd_torch.init(): {hint}")
+
+
 def _topology(name):
-    """rank(), size(), ...: Horovod raises ValueError before init(), so do we."""
+    """rank(), size(), ...: a ValueError before init(), as in Horovod."""
     query = getattr(_C, name)
 
     def fn():
-        if not _C.is_initialized():
-            raise ValueError(f"hvd_torch.{name} was called before hvd_torch.init(): "
-                             "call hvd.init() first")
+        require_init(f"hvd_torch.{name}")
         return query()
 
     fn.__name__ = fn.__qualname__ = name

@@ -5,13 +5,14 @@ A C++ extension only works with the torch it was compiled against: after a torch
 upgrade the old `.so` fails to load with `undefined symbol: ...` (or worse, loads
 and crashes). setup.py writes hvd_torch/_build_info.py beside the extension (the
 torch version, CUDA version and C++ ABI of the build); `import hvd_torch` calls
-verify() first, which imports torch (not our extension) and raises an ImportError
-naming each difference and the command that rebuilds.
+stale() first, which imports torch (not our extension); on a difference it raises
+an ImportError naming each one and the command that rebuilds.
 
 `python -m hvd_torch.doctor` must still run when the build is stale: it is the
-tool that explains it. When verify() finds a problem and the doctor is the
-program being run, it hands over to the doctor, which reports and exits, instead
-of raising (see _doctor_is_main()).
+tool that explains it. When stale() finds a problem and the doctor is the
+program being run, hvd_torch/__init__.py hands over to the doctor, which reports
+and exits, instead of raising (doctor_is_main()). This module never imports the
+doctor, which imports it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["problems", "rebuild_hint", "recorded", "running", "verify"]
+__all__ = ["problems", "rebuild_hint", "recorded", "running", "stale", "doctor_is_main"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -91,24 +92,18 @@ def mismatch_message(found: list[str]) -> str:
             f"\n{rebuild_hint()}\n(python -m hvd_torch.doctor checks the whole installation)")
 
 
-def _doctor_is_main() -> bool:
+def doctor_is_main() -> bool:
+    """Whether the program being run is `python -m hvd_torch.doctor`."""
     argv = getattr(sys, "orig_argv", [])  # Python 3.10+; older ones just raise
     return any(a == "-m" and b == "hvd_torch.doctor" for a, b in zip(argv, argv[1:]))
 
 
-def verify() -> None:
-    """Raises ImportError when _C is missing or built for another torch."""
+def stale() -> tuple[list[str], str]:
+    """What keeps _C from loading: (the differences found, the ImportError's message);
+    ([], "") when _C is present and built for the running torch."""
     if not extension_present():
-        found = ["hvd_torch._C is not built"]
-        message = (f"hvd_torch's C++ extension (hvd_torch._C) is not built; "
-                   f"{rebuild_hint().replace('rebuild it', 'build it')}")
-    else:
-        found = problems()
-        message = mismatch_message(found)
-    if not found:
-        return
-    if _doctor_is_main():
-        from hvd_torch import doctor
-
-        sys.exit(doctor.main(stale_build=found))
-    raise ImportError(message)
+        return (["hvd_torch._C is not built"],
+                f"hvd_torch's C++ extension (hvd_torch._C) is not built; "
+                f"{rebuild_hint().replace('rebuild it', 'build it')}")
+    found = problems()
+    return (found, mismatch_message(found)) if found else ([], "")

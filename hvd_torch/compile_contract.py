@@ -1,4 +1,5 @@
-"""What tracing may do with each torch.ops.hvd_torch op (docs/compile.md).
+"""What tracing may do with each torch.ops.hvd_torch op (docs/architecture.md,
+"The compile contract").
 
 Every schema in csrc/torch/ops.cpp is either TRACEABLE, with a fake kernel here
 (shapes and dtypes without communication, for FakeTensor, torch.library.opcheck,

@@ -16,7 +16,7 @@ exit status is 0 when every check passed, 1 otherwise.
 
 With a stale build (the extension was compiled against another torch) the
 extension is never loaded: `import hvd_torch` hands over to this module before it
-would load (build_record.verify()), and the report says what differs and how to
+would load (build_record.stale()), and the report says what differs and how to
 rebuild. This module imports only the standard library and build_record at the
 top, so that it can run from a half-imported package.
 """
@@ -217,7 +217,7 @@ def _tail(text: str, lines: int = 8) -> str:
 def main(stale_build: list[str] | None = None, out=None) -> int:
     """Prints the report; returns the exit status (0: every check passed).
 
-    stale_build: the differences build_record.verify() found, when the extension must
+    stale_build: the differences build_record.stale() found, when the extension must
     not be loaded; then the loop-back checks are skipped."""
     report = Report(out)
     record = build_record.recorded()

@@ -22,6 +22,7 @@ from hvd_torch.basics import Adasum, Average, Max, Min, Product, Sum, is_initial
 from hvd_torch.compression import Compression, _CastCompressor
 from hvd_torch.ops import (allreduce_async_, global_process_set, sparse_allreduce_async,
                            synchronize)
+from hvd_torch.optimizer_wrapping import adopt, require_init_for
 
 _PENDING_MESSAGE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
@@ -37,18 +38,6 @@ _TOO_MANY_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
     "Increase backward_passes_per_step to accumulate gradients locally."
 )
-_BEFORE_INIT = (
-    "DistributedOptimizer.{what}() was called before hvd_torch.init(): no gradient has been "
-    "averaged over the ranks, and stepping now would train this rank alone. Call hvd.init() "
-    "before the first step() (building the optimizer before init() is fine: its gradient "
-    "hooks go on at the first step() or synchronize() after init())"
-)
-
-
-def _require_init(what):
-    """A wrapped optimizer never steps unsynchronised without a word."""
-    if not is_initialized():
-        raise ValueError(_BEFORE_INIT.format(what=what))
 
 
 class _InFlight:
@@ -111,7 +100,7 @@ class _DistributedOptimizer:
             # Built before hvd.init() (a Ray actor's constructor, say): whether this
             # rank is in the process set is not known yet. The hooks go on at the
             # first step() or synchronize() after init(), which reduces that step's
-            # gradients itself; a step() before init() raises (_require_init).
+            # gradients itself; a step() before init() raises (require_init_for).
             self._unhooked.extend(params)
             return
         if not self.process_set.included():
@@ -323,7 +312,7 @@ class _DistributedOptimizer:
     def _hook_deferred(self, what):
         """Hooks the parameters set aside before init(); raises if init() has
         still not been called. One list check per step once hooked."""
-        _require_init(what)
+        require_init_for(what)
         if self._unhooked:
             params, self._unhooked = self._unhooked, []
             self._hook(params)
@@ -437,17 +426,6 @@ def _make_groups(groups, params):
 def _check_passes(passes):
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
-
-
-_CLASSES = {}  # optimizer class -> its distributed subclass
-
-
-def _distributed_class(base):
-    if base not in _CLASSES:
-        # Same name as the wrapped class, as in Horovod: repr() and logs read the same.
-        _CLASSES[base] = type(base.__name__, (_DistributedOptimizer, base),
-                              {"__module__": __name__, "__doc__": base.__doc__})
-    return _CLASSES[base]
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -564,15 +542,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         if groups is None:
             groups = num_groups
 
-    cls = _distributed_class(type(optimizer))
-    wrapped = cls.__new__(cls)
-    # Take over the optimizer's attributes (defaults, param_groups, state,
-    # hooks) instead of re-running its __init__, which would reset the state
-    # and the defaults. Instance attributes that would shadow our methods are
-    # left behind: an LR scheduler built on the original stores a wrapper of
-    # the original's step() as an instance attribute.
-    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items()
-                             if k not in _DistributedOptimizer.__dict__})
+    wrapped = adopt(_DistributedOptimizer, optimizer, __name__)
     wrapped._hvd_init(named_parameters, compression, backward_passes_per_step, op,
                       gradient_predivide_factor, groups, sparse_as_dense, process_set)
     return wrapped

@@ -8,12 +8,7 @@ starts one at init() instead. Format and phases: docs/toolbox.md, "Timeline".
 import os
 
 from hvd_torch import _C
-
-
-def _check_initialized(what):
-    if not _C.is_initialized():
-        raise ValueError(f"hvd_torch.{what}() was called before hvd_torch.init(): "
-                         "call hvd.init() first")
+from hvd_torch.basics import require_init
 
 
 def start_timeline(file_path, mark_cycles=False):
@@ -22,11 +17,11 @@ def start_timeline(file_path, mark_cycles=False):
     A running timeline is closed first. mark_cycles adds a CYCLE_START instant
     for each batch of responses the engine dispatches (it has no timed cycles).
     """
-    _check_initialized("start_timeline")
+    require_init("hvd_torch.start_timeline()")
     _C.start_timeline(os.fspath(file_path), bool(mark_cycles))
 
 
 def stop_timeline():
     """Writes what is pending and closes the timeline file as complete JSON."""
-    _check_initialized("stop_timeline")
+    require_init("hvd_torch.stop_timeline()")
     _C.stop_timeline()

@@ -10,6 +10,6 @@
 
 Standard library only, and a top-level package rather than part of hvd_torch, so
 that hvdrun starts without torch or the compiled extension: importing anything under
-hvd_torch runs hvd_torch/__init__.py, which loads both.  hvd_torch.runner.<module>
-is the same module under its old name.
+hvd_torch runs hvd_torch/__init__.py, which loads both.  Its modules are imported as
+hvdrun.<module> only; `python -m hvd_torch.runner` (its old home) still runs it.
 """

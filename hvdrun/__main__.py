@@ -1,4 +1,4 @@
-"""`python -m hvd_torch.runner -np 2 python train.py` is the same as `hvdrun ...`."""
+"""`python -m hvdrun -np 2 python train.py` is the same as `hvdrun ...`."""
 
 import sys
 

@@ -32,8 +32,8 @@ from hvdrun.elastic_driver import ElasticDriver
 from hvdrun.store import KVStoreClient, KVStoreServer, StoreError, secret_to_hex
 
 from .elastic_launcher import RayLauncher
-from .executor import refuse_cooldown_range, refuse_ray_client
 from .node_discovery import NodeDiscovery
+from .refusals import refuse_cooldown_range, refuse_ray_client
 from .settings import ElasticRaySettings, RaySettings
 
 __all__ = ["ElasticRayExecutor"]

@@ -1,7 +1,7 @@
 """The worker's side of the elastic round protocol: how a worker learns its rank, size
 and rendezvous scope from the driver, and how it tells the driver a round failed.
 
-The protocol is described at the top of hvd_torch/runner/elastic_driver.py.  In a
+The protocol is described at the top of hvdrun/elastic_driver.py.  In a
 worker started by an elastic driver (ENV_WORKER_ID is set), hvd.init() calls
 join_round() first: it waits for the driver to assign this worker a place in a round,
 and writes the assignment into os.environ (HOROVOD_RANK, HOROVOD_SIZE, ...,
@@ -20,9 +20,9 @@ import sys
 import time
 
 from hvd_torch import config
-from hvd_torch.runner import elastic_keys as keys
-from hvd_torch.runner.env import horovod_env
-from hvd_torch.runner.store import KVStoreClient, secret_from_hex
+from hvdrun import elastic_keys as keys
+from hvdrun.env import horovod_env
+from hvdrun.store import KVStoreClient, secret_from_hex
 from hvdrun.network import free_port, reachable_address
 
 __all__ = [

@@ -14,7 +14,7 @@
 Each rank is a warm worker of a rank pool (tests/harness/rank_pool.py: it imported torch
 and hvd_torch once and runs one test after another, each init()..shutdown()) or,
 with fresh=True or an import-time variable in env, a new interpreter.  Either way
-it runs with the rank environment from hvd_torch.runner.env against a store
+it runs with the rank environment from hvdrun.env against a store
 served in the test process, in its own process group.  fn and its arguments travel by
 pickle, so fn is found by module and name; the child gets the test process's
 sys.path so it imports fn's module the way pytest did.
@@ -117,7 +117,7 @@ def leaked_shm_segments(before: set[str], settle: float = 10.0) -> list[str]:
 
 def rank_env(rank: int, size: int, store, base=None) -> dict[str, str]:
     """The environment for one rank talking to a started KVStoreServer `store`."""
-    from hvd_torch.runner.env import rank_env as runner_rank_env
+    from hvdrun.env import rank_env as runner_rank_env
 
     return runner_rank_env(rank, size, store.host, store.port, store.secret, base=base)
 
@@ -140,7 +140,7 @@ def run_ranks(fn, nranks, args=(), kwargs=None, timeout=60, env=None, expect_fai
     still running after timeout seconds, kills all of them and raises
     TimeoutError naming them (also in its .running; .outcomes has every rank's).
     """
-    from hvd_torch.runner.store import KVStoreServer
+    from hvdrun.store import KVStoreServer
 
     _check_importable(fn)
     name = f"{fn.__module__}.{fn.__qualname__}"

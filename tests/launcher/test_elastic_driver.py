@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from hvd_torch.runner import elastic_keys as keys
-from hvd_torch.runner.discovery import DiscoveryError, HostDiscoveryScript, parse_hosts
-from hvd_torch.runner.elastic_driver import ElasticDriver
-from hvd_torch.runner.store import KVStoreClient, KVStoreServer, StoreError
+from hvdrun import elastic_keys as keys
+from hvdrun.discovery import DiscoveryError, HostDiscoveryScript, parse_hosts
+from hvdrun.elastic_driver import ElasticDriver
+from hvdrun.store import KVStoreClient, KVStoreServer, StoreError
 
 
 class FakeWorker:
@@ -255,7 +255,7 @@ def test_discovery_script_failure_is_reported(tmp_path):
 
 @pytest.mark.unit
 def test_elastic_options():
-    from hvd_torch.runner import launch
+    from hvdrun import launch
 
     opts = launch.parse_args(
         [
@@ -303,7 +303,7 @@ def test_elastic_options():
 )
 @pytest.mark.unit
 def test_elastic_usage_errors(argv, message, capsys):
-    from hvd_torch.runner import launch
+    from hvdrun import launch
 
     assert launch.main(argv) == 2
     assert message in capsys.readouterr().err

@@ -36,7 +36,7 @@ def start_job(tmp_path, hvdrun_args, hosts: str | None = None, **job_env):
     env.update({k: str(v) for k, v in job_env.items()})
     if hosts is not None:
         hosts_file.write_text(hosts)  # before the driver first reads it
-    return HvdrunJob([sys.executable, "-m", "hvd_torch.runner", *args, sys.executable,
+    return HvdrunJob([sys.executable, "-m", "hvdrun", *args, sys.executable,
                       str(HARNESS / "elastic_job.py")], env, ROOT, hosts_file=hosts_file)
 
 

@@ -141,7 +141,7 @@ def test_two_trials_in_process_sets():
 def test_elastic_digits_under_elastic_hvdrun(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:2\n")
-    cmd = [sys.executable, "-m", "hvd_torch.runner", "--min-np", "1", "--max-np", "2",
+    cmd = [sys.executable, "-m", "hvdrun", "--min-np", "1", "--max-np", "2",
            "--host-discovery-script", str(EXAMPLES / "discover_hosts.sh"),
            sys.executable, str(EXAMPLES / "digits_elastic.py"), "--epochs", "2"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HVD_HOSTS_FILE=str(hosts))

@@ -36,7 +36,7 @@ def test_killed_rank_ends_the_job_with_a_clear_error(tmp_path):
     script.write_text(_TRAINING)
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "hvd_torch.runner", "-np", "3", sys.executable, str(script)],
+        [sys.executable, "-m", "hvdrun", "-np", "3", sys.executable, str(script)],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         capture_output=True,

@@ -25,7 +25,7 @@ RankFailure, run_ranks = dist_harness.RankFailure, dist_harness.run_ranks
 # hvd_torch/__init__ loads torch, that would cost every rank seconds.
 @pytest.fixture(scope="module")
 def launch():
-    from hvd_torch.runner import launch
+    from hvdrun import launch
 
     return launch
 
@@ -36,7 +36,7 @@ def _launcher_env(**extra):
 
 def _hvdrun(*args, timeout=30, extra_env=None):
     return subprocess.run(
-        [sys.executable, "-m", "hvd_torch.runner", *args],
+        [sys.executable, "-m", "hvdrun", *args],
         check=False,
         cwd=ROOT,
         env=_launcher_env(**(extra_env or {})),
@@ -109,7 +109,7 @@ def test_sigterm_to_launcher_is_forwarded(tmp_path):
         "time.sleep(60)"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hvd_torch.runner", "-np", "2", sys.executable, "-c", child],
+        [sys.executable, "-m", "hvdrun", "-np", "2", sys.executable, "-c", child],
         cwd=ROOT, env=_launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -247,7 +247,7 @@ def test_parse_args_keeps_command_flags(launch):
 
 
 def _store():
-    from hvd_torch.runner.store import KVStoreClient, secret_from_hex
+    from hvdrun.store import KVStoreClient, secret_from_hex
 
     return KVStoreClient(
         os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
@@ -356,3 +356,12 @@ def test_harness_timeout_kills_hung_rank():
 def test_harness_refuses_unimportable_functions():
     with pytest.raises(ValueError, match="module-level"):
         run_ranks(lambda: 1, 1)
+
+
+def test_the_old_entry_still_runs_hvdrun():
+    # `python -m hvd_torch.runner`, the launcher's old home, for scripts that use it.
+    proc = subprocess.run([sys.executable, "-m", "hvd_torch.runner", "--help"], check=False,
+                          cwd=ROOT, env=_launcher_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "-np" in proc.stdout and "hvdrun" in proc.stdout, proc.stdout

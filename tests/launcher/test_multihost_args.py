@@ -236,8 +236,8 @@ def test_the_slurm_recipe_parses():
 
 
 def test_the_ray_driver_loads_neither_torch_nor_hvd_torch(tmp_path):
-    # The driver's modules reach the launcher as hvdrun (not the hvd_torch.runner
-    # alias, which imports hvd_torch and so torch and _C): a driver that only
+    # The driver's modules reach the launcher as hvdrun (never through hvd_torch,
+    # whose import loads torch and _C): a driver that only
     # schedules actors pays for neither, and works where torch cannot load.
     fake = tmp_path / "torch"
     fake.mkdir()

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hvd_torch.runner.store import (
+from hvdrun.store import (
     KVStoreClient,
     KVStoreServer,
     StoreAuthError,

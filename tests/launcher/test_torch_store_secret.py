@@ -96,7 +96,7 @@ def test_across_hosts_the_given_secret_is_used_and_never_published(tmp_path):
 
 @pytest.mark.unit
 def test_a_secret_file_anyone_else_could_have_written_is_refused(tmp_path):
-    from hvd_torch.distributed import _private_secret_file, _read_secret_file
+    from hvd_torch.store_rendezvous import _private_secret_file, _read_secret_file
 
     path = _private_secret_file(b"s" * 32)
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
