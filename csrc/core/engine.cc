@@ -511,7 +511,7 @@ void Engine::changeProcessSets(const Response& response, Entry& entry) {
       throw transportFailure("add_process_set " + std::to_string(id) + " failed on rank " +
                              std::to_string(topology_.rank) + ": " + e.what());
     }
-    entry.work->setValue(id);
+    entry.work->setNewSetId(id);
   } else if (response.type == OpType::kRemoveProcessSet) {
     const int32_t id = entry.request.set_id;
     process_sets_.remove(id);
@@ -572,7 +572,7 @@ void Engine::run(const Response& response) {
     }
   }
   if (response.type == OpType::kJoin) {
-    entries[0]->work->setValue(response.last_joined_rank);
+    entries[0]->work->setLastJoinedRank(response.last_joined_rank);
     joined_ = false;
     if (lane_) lane_->joined(false);
   }

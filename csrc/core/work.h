@@ -33,9 +33,10 @@ class Work {
   // Rows per rank, set before completion: an allgather's rows from each rank
   // (its first dimension), an alltoall's rows received from each rank.
   const std::vector<int64_t>& rankRows() const { return rank_rows_; }
-  // The one number an op without a tensor result gives, set before completion:
-  // add process set, the new set's id; join, the last rank that joined.
-  int64_t value() const { return value_; }
+  // Set before completion, -1 on every other op: add_process_set's new set id,
+  // and join's last rank to join (the response's new_set_id and last_joined_rank).
+  int32_t newSetId() const { return new_set_id_; }
+  int32_t lastJoinedRank() const { return last_joined_rank_; }
 
   // Plane::kDevice: completion means the work is enqueued on the device's
   // stream; this event marks its end, and whoever reads the output orders
@@ -43,7 +44,8 @@ class Work {
   const std::shared_ptr<DeviceEvent>& deviceDone() const { return device_done_; }
 
   void setRankRows(std::vector<int64_t> rows) { rank_rows_ = std::move(rows); }
-  void setValue(int64_t value) { value_ = value; }
+  void setNewSetId(int32_t id) { new_set_id_ = id; }
+  void setLastJoinedRank(int32_t rank) { last_joined_rank_ = rank; }
   void setDeviceDone(std::shared_ptr<DeviceEvent> event) { device_done_ = std::move(event); }
   void complete(Status status) {
     {
@@ -63,7 +65,8 @@ class Work {
   bool done_ = false;
   Status status_;
   std::vector<int64_t> rank_rows_;
-  int64_t value_ = -1;
+  int32_t new_set_id_ = -1;
+  int32_t last_joined_rank_ = -1;
   std::shared_ptr<DeviceEvent> device_done_;
 };
 

@@ -636,7 +636,7 @@ int64_t joinAndWait() {
   p.result = at::zeros({}, at::kLong);
   Pending done;
   waitHandle(enqueue(*engine, std::move(e), std::move(p)), &done);
-  return done.work->value();
+  return done.work->lastJoinedRank();
 }
 
 int64_t submitBarrier(int64_t process_set, const std::string& name) {
@@ -656,7 +656,7 @@ namespace {
 
 // Registry changes run on the global set like an op, and wait for it.
 // `change`: the request's type and its set_ranks or set_id. Returns the
-// op's value (an added set's id).
+// added set's id (-1 for a removal).
 int64_t changeProcessSets(Request change, const char* what) {
   auto engine = requireEngine(what);
   Entry e;
@@ -667,7 +667,7 @@ int64_t changeProcessSets(Request change, const char* what) {
   p.result = at::zeros({}, at::kLong);
   Pending done;
   waitHandle(enqueue(*engine, std::move(e), std::move(p)), &done);
-  return done.work->value();
+  return done.work->newSetId();
 }
 
 }  // namespace
