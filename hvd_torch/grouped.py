@@ -59,8 +59,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     outs = _adasum(inputs, average, name, op, prescale_factor, postscale_factor, process_set)
     if outs is None:
         args = (name or "",) + _args(average, op, prescale_factor, postscale_factor, process_set)
-        outs = None if _is_compiling() else _C.eager_grouped_allreduce(inputs, *args)
-        if outs is None:
+        outs = NotImplemented if _is_compiling() else _C.eager_grouped_allreduce(inputs, *args)
+        if outs is NotImplemented:
             outs = _ops.grouped_allreduce(inputs, *args)
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
@@ -72,7 +72,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
     if _adasum_into(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
         return tensors
     args = (name or "",) + _args(average, op, prescale_factor, postscale_factor, process_set)
-    if _is_compiling() or not _C.eager_grouped_allreduce_(tensors, *args):
+    if _is_compiling() or _C.eager_grouped_allreduce_(tensors, *args) is NotImplemented:
         _ops.grouped_allreduce_(list(tensors), *args)
     return tensors
 

@@ -37,6 +37,8 @@ def _resolve_op(average, op):
 _ps = process_set_id
 # Eager blocking allreduces of plain CPU tensors skip the dispatcher's ~2 us
 # (csrc/python/eager_fast_path.cpp says when); torch.compile traces the op.
+# Each _eager_* entry returns NotImplemented when it does not take the call
+# (never a result), and the wrapper then calls the torch op.
 _is_compiling = torch.compiler.is_compiling
 _eager_allreduce = _C.eager_allreduce
 _eager_allreduce_ = _C.eager_allreduce_
@@ -63,9 +65,9 @@ def _allreduce_async(tensor, in_place, average, name, op, prescale_factor, posts
     name, pre, post, ps = name or "", float(prescale_factor), float(postscale_factor), \
         process_set._id()
     try:
-        handle = -1 if _is_compiling() else _eager_allreduce_async(tensor, in_place, name, op,
-                                                                   pre, post, ps)
-        if handle < 0:
+        handle = NotImplemented if _is_compiling() else _eager_allreduce_async(
+            tensor, in_place, name, op, pre, post, ps)
+        if handle is NotImplemented:
             handle = (_ops.allreduce_async_ if in_place else _ops.allreduce_async)(
                 tensor, name, op, pre, post, ps)
     except PeerFailure as e:
@@ -103,8 +105,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     name, pre, post, ps = name or "", float(prescale_factor), float(postscale_factor), \
         process_set._id()
     try:
-        out = None if _is_compiling() else _eager_allreduce(compressed, name, op, pre, post, ps)
-        if out is None:
+        out = NotImplemented if _is_compiling() else _eager_allreduce(compressed, name, op, pre,
+                                                                      post, ps)
+        if out is NotImplemented:
             out = _ops.allreduce(compressed, name, op, pre, post, ps)
     except PeerFailure as e:
         raise horovod_internal_error(e) from None
@@ -129,7 +132,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     name, pre, post, ps = name or "", float(prescale_factor), float(postscale_factor), \
         process_set._id()
     try:
-        if _is_compiling() or not _eager_allreduce_(tensor, name, op, pre, post, ps):
+        if _is_compiling() or _eager_allreduce_(tensor, name, op, pre, post, ps) is NotImplemented:
             _ops.allreduce_(tensor, name, op, pre, post, ps)
     except PeerFailure as e:
         raise horovod_internal_error(e) from None
@@ -146,8 +149,8 @@ def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenates every rank's `tensor` along dimension 0 (first dims may differ)."""
     name, ps = name or "", process_set._id()
     try:
-        out = None if _is_compiling() else _eager_allgather(tensor, name, ps)
-        return _ops.allgather(tensor, name, ps) if out is None else out
+        out = NotImplemented if _is_compiling() else _eager_allgather(tensor, name, ps)
+        return _ops.allgather(tensor, name, ps) if out is NotImplemented else out
     except PeerFailure as e:
         raise horovod_internal_error(e) from None
 
@@ -162,8 +165,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns `root_rank`'s `tensor` on every rank."""
     name, ps = name or "", process_set._id()
     try:
-        out = None if _is_compiling() else _eager_broadcast(tensor, root_rank, name, ps)
-        return _ops.broadcast(tensor, root_rank, name, ps) if out is None else out
+        out = NotImplemented if _is_compiling() else _eager_broadcast(tensor, root_rank, name, ps)
+        return _ops.broadcast(tensor, root_rank, name, ps) if out is NotImplemented else out
     except PeerFailure as e:
         raise horovod_internal_error(e) from None
 
@@ -178,7 +181,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns `tensor`."""
     name, ps = name or "", process_set._id()
     try:
-        if _is_compiling() or not _eager_broadcast_(tensor, root_rank, name, ps):
+        if _is_compiling() or _eager_broadcast_(tensor, root_rank, name, ps) is NotImplemented:
             _ops.broadcast_(tensor, root_rank, name, ps)
     except PeerFailure as e:
         raise horovod_internal_error(e) from None
@@ -205,9 +208,9 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     name, pre, post, ps = name or "", float(prescale_factor), float(postscale_factor), \
         _ps(process_set)
     try:
-        out = None if _is_compiling() else _eager_reducescatter(compressed, name, op, pre, post,
-                                                                ps)
-        if out is None:
+        out = NotImplemented if _is_compiling() else _eager_reducescatter(compressed, name, op,
+                                                                          pre, post, ps)
+        if out is NotImplemented:
             out = _ops.reducescatter(compressed, name, op, pre, post, ps)
     except PeerFailure as e:
         raise horovod_internal_error(e) from None
@@ -279,8 +282,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     sends, name, ps = _splits(splits), name or "", _ps(process_set)
     try:
         # The fast path gives the output alone when there are no splits.
-        out = None if _is_compiling() else _eager_alltoall(tensor, sends, name, ps)
-        if out is None:
+        out = NotImplemented if _is_compiling() else _eager_alltoall(tensor, sends, name, ps)
+        if out is NotImplemented:
             out = _ops.alltoall(tensor, sends, name, ps)
             return out[0] if splits is None else out
     except PeerFailure as e:
@@ -324,8 +327,8 @@ def synchronize(handle):
     a tensor, an alltoall's (output, received_splits), a group's list."""
     if type(handle) is int:  # an engine handle, of any kind (csrc/torch/handle_table.h)
         try:
-            out = None if _is_compiling() else _eager_synchronize(handle)
-            return synchronize_through_ops(handle) if out is None else out
+            out = NotImplemented if _is_compiling() else _eager_synchronize(handle)
+            return synchronize_through_ops(handle) if out is NotImplemented else out
         except PeerFailure as e:
             raise horovod_internal_error(e) from None
     return _synchronize_other(handle)

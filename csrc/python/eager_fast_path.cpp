@@ -7,9 +7,9 @@
 // dispatcher would add nothing, these call the same kernel directly.
 // Anything else (a tensor subclass, a tensor needing autograd or carrying
 // conjugate/negative bits, tracing, a dispatch or torch-function mode,
-// inference mode) returns "not taken" and hvd_torch/ops.py calls the torch
-// op. torch.compile never gets here: ops.py and grouped.py check
-// is_compiling() first.
+// inference mode) returns Python's NotImplemented ("not taken", every entry
+// alike) and hvd_torch/ops.py calls the torch op. torch.compile never gets
+// here: ops.py and grouped.py check is_compiling() first.
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -24,6 +24,13 @@
 pybind11::object synchronizeAny(int64_t handle);  // handles.cpp
 
 namespace {
+
+// "Not taken": NotImplemented, which no entry returns as a result (a tensor,
+// a tuple, a list, a handle, or None from an in-place op), so the wrapper
+// tells the two apart with one `is` test.
+pybind11::object notTaken() {
+  return pybind11::reinterpret_borrow<pybind11::object>(Py_NotImplemented);
+}
 
 // Nothing on this thread that the dispatcher would honour.
 bool plainThreadState() {
@@ -89,101 +96,103 @@ class PlainMembers {
   bool taken_ = false;
 };
 
-// The allreduce_ op; false when not taken.
-bool allreduceInPlace(pybind11::handle obj, const std::string& name, int64_t op, double prescale,
-                      double postscale, int64_t process_set) {
+// The allreduce_ op; None once done.
+pybind11::object allreduceInPlace(pybind11::handle obj, const std::string& name, int64_t op,
+                                  double prescale, double postscale, int64_t process_set) {
   HANDLE_TH_ERRORS
   const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return false;
+  if (t == nullptr) return notTaken();
   hvd::torch_layer::allreduceBlocking(*t, true, name, op, prescale, postscale, process_set);
-  return true;
+  return pybind11::none();
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The allreduce op; None when not taken.
+// The allreduce op; its result.
 pybind11::object allreduce(pybind11::handle obj, const std::string& name, int64_t op,
                            double prescale, double postscale, int64_t process_set) {
   HANDLE_TH_ERRORS
   const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return pybind11::none();
+  if (t == nullptr) return notTaken();
   return pybind11::cast(
       hvd::torch_layer::allreduceBlocking(*t, false, name, op, prescale, postscale, process_set));
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The allreduce_async / allreduce_async_ ops; -1 when not taken (handles
-// are positive). The in-place kernel's version bump, as allreduceAsyncInPlace.
-int64_t allreduceAsync(pybind11::handle obj, bool in_place, const std::string& name, int64_t op,
-                       double prescale, double postscale, int64_t process_set) {
+// The allreduce_async / allreduce_async_ ops; the handle. The in-place
+// kernel's version bump, as allreduceAsyncInPlace.
+pybind11::object allreduceAsync(pybind11::handle obj, bool in_place, const std::string& name,
+                                int64_t op, double prescale, double postscale,
+                                int64_t process_set) {
   HANDLE_TH_ERRORS
   const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return -1;
+  if (t == nullptr) return notTaken();
   const int64_t handle =
       hvd::torch_layer::submitAllreduce(*t, in_place, name, op, prescale, postscale, process_set);
   if (in_place) hvd::torch_layer::bumpVersion(*t);
-  return handle;
+  return pybind11::int_(handle);
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
 // synchronize() of an engine handle of any kind (the synchronize,
-// synchronize_alltoall ops, a group's members); None when not taken.
+// synchronize_alltoall ops, a group's members); synchronizeAny's result.
 pybind11::object synchronizeAsync(int64_t handle) {
   HANDLE_TH_ERRORS
-  if (!plainThreadState()) return pybind11::none();
+  if (!plainThreadState()) return notTaken();
   return synchronizeAny(handle);
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The poll op, for every kind: it reads flags; nothing for the dispatcher to do.
+// The poll op, for every kind: it reads flags; nothing for the dispatcher to
+// do, so it is always taken.
 bool pollAsync(int64_t handle) {
   HANDLE_TH_ERRORS
   return hvd::torch_layer::pollHandle(handle);
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The broadcast_ op; false when not taken.
-bool broadcastInPlace(pybind11::handle obj, int64_t root_rank, const std::string& name,
-                      int64_t process_set) {
+// The broadcast_ op; None once done.
+pybind11::object broadcastInPlace(pybind11::handle obj, int64_t root_rank,
+                                  const std::string& name, int64_t process_set) {
   HANDLE_TH_ERRORS
   const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return false;
+  if (t == nullptr) return notTaken();
   hvd::torch_layer::broadcastBlocking(*t, true, root_rank, name, process_set);
-  return true;
+  return pybind11::none();
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The broadcast op; None when not taken.
+// The broadcast op; its result.
 pybind11::object broadcast(pybind11::handle obj, int64_t root_rank, const std::string& name,
                            int64_t process_set) {
   HANDLE_TH_ERRORS
   const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return pybind11::none();
+  if (t == nullptr) return notTaken();
   return pybind11::cast(
       hvd::torch_layer::broadcastBlocking(*t, false, root_rank, name, process_set));
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The allgather op; None when not taken.
+// The allgather op; its result.
 pybind11::object allgather(pybind11::handle obj, const std::string& name, int64_t process_set) {
   HANDLE_TH_ERRORS
   const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return pybind11::none();
+  if (t == nullptr) return notTaken();
   return pybind11::cast(hvd::torch_layer::allgatherBlocking(*t, name, process_set));
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The alltoall op; None when not taken. `splits`: None or a plain tensor.
-// Without splits only the output comes back (the caller returns nothing
-// else, so the rows received from each rank are not made).
+// The alltoall op: (output, received splits), or the output alone without
+// splits (the caller returns nothing else, so the rows received from each
+// rank are not made). `splits`: None or a plain tensor.
 pybind11::object alltoall(pybind11::handle obj, pybind11::handle splits, const std::string& name,
                           int64_t process_set) {
   HANDLE_TH_ERRORS
   const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return pybind11::none();
+  if (t == nullptr) return notTaken();
   c10::optional<at::Tensor> split_rows;
   if (!splits.is_none()) {
     const at::Tensor* s = plainTensor(splits.ptr());
-    if (s == nullptr) return pybind11::none();
+    if (s == nullptr) return notTaken();
     split_rows = *s;
   } else {
     return pybind11::cast(std::get<0>(
@@ -193,35 +202,36 @@ pybind11::object alltoall(pybind11::handle obj, pybind11::handle splits, const s
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The reducescatter op; None when not taken.
+// The reducescatter op; its result.
 pybind11::object reducescatter(pybind11::handle obj, const std::string& name, int64_t op,
                                double prescale, double postscale, int64_t process_set) {
   HANDLE_TH_ERRORS
   const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return pybind11::none();
+  if (t == nullptr) return notTaken();
   return pybind11::cast(hvd::torch_layer::reducescatterBlocking(*t, name, op, prescale,
                                                                 postscale, process_set));
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The grouped_allreduce_ op; false when not taken.
-bool groupedAllreduceInPlace(pybind11::handle tensors, const std::string& name, int64_t op,
-                             double prescale, double postscale, int64_t process_set) {
+// The grouped_allreduce_ op; None once done.
+pybind11::object groupedAllreduceInPlace(pybind11::handle tensors, const std::string& name,
+                                         int64_t op, double prescale, double postscale,
+                                         int64_t process_set) {
   HANDLE_TH_ERRORS
   const PlainMembers members(tensors);
-  if (!members.taken()) return false;
+  if (!members.taken()) return notTaken();
   hvd::torch_layer::groupedAllreduceBlocking(members.tensors(), true, name, op, prescale,
                                              postscale, process_set);
-  return true;
+  return pybind11::none();
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The grouped_allreduce op; None when not taken.
+// The grouped_allreduce op; its results.
 pybind11::object groupedAllreduce(pybind11::handle tensors, const std::string& name, int64_t op,
                                   double prescale, double postscale, int64_t process_set) {
   HANDLE_TH_ERRORS
   const PlainMembers members(tensors);
-  if (!members.taken()) return pybind11::none();
+  if (!members.taken()) return notTaken();
   return pybind11::cast(hvd::torch_layer::groupedAllreduceBlocking(
       members.tensors(), false, name, op, prescale, postscale, process_set));
   END_HANDLE_TH_ERRORS_PYBIND

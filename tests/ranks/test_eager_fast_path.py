@@ -3,7 +3,8 @@ allgathers, synchronize and poll skip the dispatcher (csrc/python/eager_fast_pat
 the fast path is taken exactly where the dispatcher would add nothing but a version
 bump, gives the same results, version counters and errors as the torch op, and every
 other case (autograd, subclasses, tracing, dispatch and torch-function modes, inference
-mode, conjugate views) goes through the torch op with its usual behaviour. 1 and 2
+mode, conjugate views) goes through the torch op with its usual behaviour. Every
+entry says "not taken" the same way, NotImplemented, which no result can be. 1 and 2
 ranks (broadcast and allgather: 2 and 3, the last rank the broadcast's root)."""
 
 import sys
@@ -13,6 +14,15 @@ import pytest
 import torch
 
 from dist_harness import run_ranks  # noqa: E402
+
+
+def _outcome(result):
+    """An eager entry's return as the test compares it: "not taken" for
+    NotImplemented, None or an int (in-place ops, handles) as they are, "result"
+    for anything else (tensors, tuples, lists)."""
+    if result is NotImplemented:
+        return "not taken"
+    return result if result is None or type(result) is int else "result"
 
 
 def _error_of(call):
@@ -35,7 +45,7 @@ def _which_path_and_results():
     args = ("probe", 1, 1.0, 1.0, 0)
 
     def taken(t):
-        return _C.eager_allreduce_(t.clone() if not t.requires_grad else t, *args)
+        return _outcome(_C.eager_allreduce_(t.clone() if not t.requires_grad else t, *args))
 
     class Sub(torch.Tensor):
         pass
@@ -47,16 +57,22 @@ def _which_path_and_results():
     res["plain"] = taken(torch.ones(2))
     res["int"] = taken(torch.ones(2, dtype=torch.int64))
     res["needs_grad"] = taken(torch.ones(2, requires_grad=True))
-    res["subclass"] = _C.eager_allreduce_(torch.ones(2).as_subclass(Sub), *args)
-    res["conj"] = _C.eager_allreduce_(torch.ones(2, dtype=torch.complex64).conj(), *args)
+    res["subclass"] = _outcome(_C.eager_allreduce_(torch.ones(2).as_subclass(Sub), *args))
+    res["conj"] = _outcome(_C.eager_allreduce_(torch.ones(2, dtype=torch.complex64).conj(),
+                                               *args))
     with Passthrough():
-        res["dispatch_mode"] = _C.eager_allreduce_(torch.ones(2), *args)
+        res["dispatch_mode"] = _outcome(_C.eager_allreduce_(torch.ones(2), *args))
     with torch.inference_mode():
-        res["inference"] = _C.eager_allreduce_(torch.ones(2), *args)
-    res["functional_subclass"] = _C.eager_allreduce(torch.ones(2).as_subclass(Sub), *args)
-    res["grouped_mixed"] = _C.eager_grouped_allreduce_(
-        [torch.ones(1), torch.ones(1, requires_grad=True)], *args)
-    res["grouped_plain"] = _C.eager_grouped_allreduce_([torch.ones(1), torch.ones(2)], *args)
+        res["inference"] = _outcome(_C.eager_allreduce_(torch.ones(2), *args))
+    res["functional_subclass"] = _outcome(
+        _C.eager_allreduce(torch.ones(2).as_subclass(Sub), *args))
+    res["functional_plain"] = _outcome(_C.eager_allreduce(torch.ones(2), *args))
+    res["grouped_mixed"] = _outcome(_C.eager_grouped_allreduce_(
+        [torch.ones(1), torch.ones(1, requires_grad=True)], *args))
+    res["grouped_plain"] = _outcome(
+        _C.eager_grouped_allreduce_([torch.ones(1), torch.ones(2)], *args))
+    res["grouped_functional_mixed"] = _outcome(_C.eager_grouped_allreduce(
+        [torch.ones(1), torch.ones(1, requires_grad=True)], *args))
 
     # Same results and version counters as the torch op.
     x = torch.full((3,), float(r + 1))
@@ -109,12 +125,12 @@ def _which_path_and_results():
 def test_fast_path_is_taken_exactly_where_the_dispatcher_adds_nothing(nranks):
     for rank, res in enumerate(run_ranks(_which_path_and_results, nranks, timeout=120)):
         total = float(nranks * (nranks + 1) // 2)
-        assert res["plain"] is True and res["int"] is True, res
-        assert res["grouped_plain"] is True, res
+        # In-place entries return None once done, functional ones their result.
+        assert res["plain"] is None and res["int"] is None, res
+        assert res["grouped_plain"] is None and res["functional_plain"] == "result", res
         for case in ("needs_grad", "subclass", "conj", "dispatch_mode", "inference",
-                     "grouped_mixed"):
-            assert res[case] is False, (case, res)
-        assert res["functional_subclass"] is None, res
+                     "grouped_mixed", "functional_subclass", "grouped_functional_mixed"):
+            assert res[case] == "not taken", (case, res)
         assert res["inplace"] == ([total] * 3, 1), res
         assert res["inplace_op_version"] == 1, res
         assert res["grouped"] == ([[total] * (k + 1) for k in range(3)], [1, 1, 1]), res
@@ -146,20 +162,21 @@ def _async_paths_and_results():
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             return func(*a, **(kw or {}))
 
-    def handle_of(t, name):  # the eager path's handle, or -1 (and nothing submitted)
+    def handle_of(t, name):  # the eager path's handle, or "not taken" (nothing submitted)
         h = _C.eager_allreduce_async(t, True, name, *args)
-        if h > 0:
+        if h is not NotImplemented:
             hvd.synchronize(h)
-        return h
+        return _outcome(h)
 
-    res["plain"] = handle_of(torch.ones(2), "a.plain") > 0
+    h = handle_of(torch.ones(2), "a.plain")
+    res["plain"] = type(h) is int and h > 0
     for case, t in (("needs_grad", torch.ones(2, requires_grad=True)),
                     ("subclass", torch.ones(2).as_subclass(Sub))):
         res[case] = handle_of(t, "a." + case)
     with Passthrough():
         res["dispatch_mode"] = handle_of(torch.ones(2), "a.mode")
         h = hvd.allreduce_async(torch.full((2,), float(r + 1)), name="a.mode.op", op=hvd.Sum)
-        res["sync_in_mode"] = _C.eager_synchronize(h)  # None: not taken
+        res["sync_in_mode"] = _outcome(_C.eager_synchronize(h))
         res["mode_result"] = torch.ops.hvd_torch.synchronize(h).tolist()
     with torch.inference_mode():
         res["inference"] = handle_of(torch.ones(2), "a.inference")
@@ -208,9 +225,9 @@ def test_async_fast_path_matches_the_torch_op(nranks):
     for rank, res in enumerate(run_ranks(_async_paths_and_results, nranks, timeout=120)):
         total = float(nranks * (nranks + 1) // 2)
         assert res["plain"] is True, res
-        for case in ("needs_grad", "subclass", "dispatch_mode", "inference"):
-            assert res[case] == -1, (case, res)
-        assert res["sync_in_mode"] is None and res["mode_result"] == [total] * 2, res
+        for case in ("needs_grad", "subclass", "dispatch_mode", "inference", "sync_in_mode"):
+            assert res[case] == "not taken", (case, res)
+        assert res["mode_result"] == [total] * 2, res
         assert res["inplace_version"] == 1 and res["op_version"] == 1, res
         assert res["poll_type"] == "bool", res
         assert res["inplace"] == (True, [total] * 3), res
@@ -239,14 +256,16 @@ def _broadcast_and_allgather_paths_and_results():
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             return func(*a, **(kw or {}))
 
-    res["plain"] = _C.eager_broadcast_(torch.ones(2), 0, "b.plain", 0)
-    res["needs_grad"] = _C.eager_broadcast_(torch.ones(2, requires_grad=True), 0, "b.g", 0)
-    res["subclass"] = _C.eager_broadcast_(torch.ones(2).as_subclass(Sub), 0, "b.s", 0)
+    res["plain"] = _outcome(_C.eager_broadcast_(torch.ones(2), 0, "b.plain", 0))
+    res["needs_grad"] = _outcome(_C.eager_broadcast_(torch.ones(2, requires_grad=True), 0,
+                                                     "b.g", 0))
+    res["subclass"] = _outcome(_C.eager_broadcast_(torch.ones(2).as_subclass(Sub), 0, "b.s", 0))
     with Passthrough():
-        res["dispatch_mode"] = _C.eager_broadcast_(torch.ones(2), 0, "b.m", 0)
+        res["dispatch_mode"] = _outcome(_C.eager_broadcast_(torch.ones(2), 0, "b.m", 0))
     with torch.inference_mode():
-        res["inference"] = _C.eager_broadcast_(torch.ones(2), 0, "b.i", 0)
-    res["functional_subclass"] = _C.eager_broadcast(torch.ones(2).as_subclass(Sub), 0, "b.fs", 0)
+        res["inference"] = _outcome(_C.eager_broadcast_(torch.ones(2), 0, "b.i", 0))
+    res["functional_subclass"] = _outcome(
+        _C.eager_broadcast(torch.ones(2).as_subclass(Sub), 0, "b.fs", 0))
 
     # Same results and version counters as the torch op; the last rank is the root.
     root = n - 1
@@ -268,8 +287,8 @@ def _broadcast_and_allgather_paths_and_results():
 
     # Allgather: rank r gives r + 1 rows.
     rows = torch.full((r + 1, 2), float(r))
-    res["allgather_plain"] = _C.eager_allgather(rows, "g.probe", 0) is not None
-    res["allgather_subclass"] = _C.eager_allgather(rows.as_subclass(Sub), "g.sub", 0)
+    res["allgather_plain"] = _outcome(_C.eager_allgather(rows, "g.probe", 0))
+    res["allgather_subclass"] = _outcome(_C.eager_allgather(rows.as_subclass(Sub), "g.sub", 0))
     res["allgather"] = hvd.allgather(rows, name="g").tolist()
     res["allgather_op"] = torch.ops.hvd_torch.allgather(rows, "g.op", 0).tolist()
     g = rows.clone().requires_grad_()
@@ -288,10 +307,10 @@ def test_broadcast_and_allgather_fast_paths_match_the_torch_ops(nranks):
     results = run_ranks(_broadcast_and_allgather_paths_and_results, nranks, timeout=120)
     for rank, res in enumerate(results):
         root_value = float(nranks)
-        assert res["plain"] is True, res
-        for case in ("needs_grad", "subclass", "dispatch_mode", "inference"):
-            assert res[case] is False, (case, res)
-        assert res["functional_subclass"] is None, res
+        assert res["plain"] is None, res  # in place: None once done
+        for case in ("needs_grad", "subclass", "dispatch_mode", "inference",
+                     "functional_subclass"):
+            assert res[case] == "not taken", (case, res)
         assert res["inplace"] == ([root_value] * 3, 1), res
         assert res["op"] == ([root_value] * 3, 1), res
         assert res["functional"] == ([root_value] * 2, [float(rank + 1)] * 2), res
@@ -299,7 +318,8 @@ def test_broadcast_and_allgather_fast_paths_match_the_torch_ops(nranks):
         assert res["grad"] == (True, [root_value] * 2), res
         assert res["errors"][0] is not None and res["errors"][0] == res["errors"][1], res
         gathered = [[float(k)] * 2 for k in range(nranks) for _ in range(k + 1)]
-        assert res["allgather_plain"] is True and res["allgather_subclass"] is None, res
+        assert res["allgather_plain"] == "result", res
+        assert res["allgather_subclass"] == "not taken", res
         assert res["allgather"] == res["allgather_op"] == gathered, res
         assert res["allgather_grad"] is True, res
 
@@ -319,9 +339,10 @@ def _alltoall_and_reducescatter_paths_and_results():
     x = torch.cat([torch.full((k + 1, 2), float(10 * r + k)) for k in range(n)])
     splits = torch.tensor([k + 1 for k in range(n)], dtype=torch.int32)
     probe = _C.eager_alltoall(x, splits, "a.probe", 0)
-    res["alltoall_plain"] = probe is not None
-    res["alltoall_subclass"] = _C.eager_alltoall(x.as_subclass(Sub), splits, "a.sub", 0)
-    res["alltoall_subclass_splits"] = _C.eager_alltoall(x, splits.as_subclass(Sub), "a.ss", 0)
+    res["alltoall_plain"] = _outcome(probe)
+    res["alltoall_subclass"] = _outcome(_C.eager_alltoall(x.as_subclass(Sub), splits, "a.sub", 0))
+    res["alltoall_subclass_splits"] = _outcome(_C.eager_alltoall(x, splits.as_subclass(Sub),
+                                                                 "a.ss", 0))
     out, received = hvd.alltoall(x, splits=[k + 1 for k in range(n)], name="a")
     op_out, op_received = torch.ops.hvd_torch.alltoall(x, splits, "a.op", 0)
     res["alltoall"] = (out[:, 0].tolist(), received.tolist(), received.dtype == torch.int32)
@@ -333,9 +354,10 @@ def _alltoall_and_reducescatter_paths_and_results():
 
     # Reducescatter of 2n rows: rank r gets rows 2r and 2r + 1, summed over ranks.
     rows = torch.arange(float(2 * n)).reshape(2 * n, 1) * (r + 1)
-    res["reducescatter_plain"] = _C.eager_reducescatter(rows, "rs.probe", 1, 1.0, 1.0, 0) is not None
-    res["reducescatter_subclass"] = _C.eager_reducescatter(rows.as_subclass(Sub), "rs.sub", 1,
-                                                           1.0, 1.0, 0)
+    res["reducescatter_plain"] = _outcome(_C.eager_reducescatter(rows, "rs.probe", 1, 1.0, 1.0,
+                                                                 0))
+    res["reducescatter_subclass"] = _outcome(_C.eager_reducescatter(rows.as_subclass(Sub),
+                                                                    "rs.sub", 1, 1.0, 1.0, 0))
     res["reducescatter"] = hvd.reducescatter(rows, name="rs", op=hvd.Sum).flatten().tolist()
     res["reducescatter_op"] = torch.ops.hvd_torch.reducescatter(rows, "rs.op", 1, 1.0, 1.0,
                                                                 0).flatten().tolist()
@@ -358,15 +380,16 @@ def test_alltoall_and_reducescatter_fast_paths_match_the_torch_ops(nranks):
     n = nranks
     total = float(sum(range(1, n + 1)))
     for r, res in enumerate(results):
-        assert res["alltoall_plain"] is True, res
-        assert res["alltoall_subclass"] is None and res["alltoall_subclass_splits"] is None, res
+        assert res["alltoall_plain"] == "result", res
+        assert res["alltoall_subclass"] == res["alltoall_subclass_splits"] == "not taken", res
         received = [float(10 * k + r) for k in range(n) for _ in range(r + 1)]
         assert res["alltoall"] == (received, [r + 1] * n, True), res
         assert res["alltoall_op"] == (received, [r + 1] * n), res
         assert res["alltoall_even"] == [float(100 * k + 2 * r + j) for k in range(n)
                                         for j in range(2)], res
         assert res["alltoall_grad"] is True, res
-        assert res["reducescatter_plain"] is True and res["reducescatter_subclass"] is None, res
+        assert res["reducescatter_plain"] == "result", res
+        assert res["reducescatter_subclass"] == "not taken", res
         mine = [total * (2 * r), total * (2 * r + 1)]
         assert res["reducescatter"] == res["reducescatter_op"] == mine, res
         assert res["reducescatter_avg_fp16"] == [v / n for v in mine], res
