@@ -12,8 +12,8 @@ functions then sees (docs/errors.md):
 | peer failure or shutdown      | c10::DistNetworkError | PeerFailure  | HorovodInternalError |
 | broken invariant (a bug)      | c10::Error            | RuntimeError | RuntimeError         |
 
-Two rows are decided here. Refused (hvd_torch.exceptions.ValueError) is the
-class RefusedError names, registered with _C when this module is imported,
+Two rows are decided here. Refused (hvd_torch.exceptions.RefusedError) is the
+class the C++ RefusedError names, registered with _C when this module is imported,
 so that torch.ops.hvd_torch.* raise it too. A peer failure is the one error
 translated: the raw ops raise torch's DistNetworkError, and hvd_torch's
 functions raise HorovodInternalError, the class Horovod's users and elastic
@@ -37,7 +37,7 @@ from torch.distributed import DistNetworkError
 from hvd_torch import _C, exceptions
 from hvd_torch.exceptions import HorovodInternalError
 
-Refused = exceptions.ValueError
+Refused = exceptions.RefusedError
 PeerFailure = DistNetworkError
 
 _C.set_refused_error_type(Refused)

@@ -6,13 +6,13 @@ Which failure raises which class (docs/errors.md):
   flight, a set this rank is not in): the built-in ValueError, as in Horovod;
 - a caller's mistake seen across ranks (ranks that disagree on shapes, dtypes,
   ops, root ranks, ...), or a reduce op a collective does not support
-  (reducescatter with Adasum): hvd_torch.exceptions.ValueError below, which
-  `except ValueError` and Horovod users' `except RuntimeError` both catch;
+  (reducescatter with Adasum): RefusedError below, which `except ValueError`
+  and Horovod users' `except RuntimeError` both catch;
 - a dead peer, a lost network, a shutdown under an op: HorovodInternalError,
   the one elastic training restores and retries on.
 """
 
-import builtins
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "RefusedError"]
 
 
 class HorovodInternalError(RuntimeError):
@@ -31,12 +31,13 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
-class ValueError(builtins.ValueError, RuntimeError):  # noqa: A001  (see the docstring)
-    """A caller's mistake that Horovod raises as a RuntimeError: ranks that
-    disagree (shapes, first dimensions, dtypes, reduce ops, scale factors, root
-    ranks, alltoall shapes, reducescatter dimensions, process sets, one op's
-    name used for another op), and a reduce op a collective does not support
-    (reducescatter with Adasum, Min, Max or Product).
+class RefusedError(ValueError, RuntimeError):
+    """A caller's mistake that Horovod raises as a RuntimeError, refused on
+    every rank it concerns: ranks that disagree (shapes, first dimensions,
+    dtypes, reduce ops, scale factors, root ranks, alltoall shapes,
+    reducescatter dimensions, process sets, one op's name used for another
+    op), and a reduce op a collective does not support (reducescatter with
+    Adasum, Min, Max or Product).
 
     It is a ValueError, as hvd-torch has always raised these (a bug in the
     script: fix the call; the job goes on), and a RuntimeError, as Horovod
@@ -44,8 +45,18 @@ class ValueError(builtins.ValueError, RuntimeError):  # noqa: A001  (see the doc
     written for either catches it. It is not a HorovodInternalError: elastic
     training does not restore and retry a bug in the script forever.
 
-    It is named ValueError because it is one: messages and tracebacks read
-    `hvd_torch.exceptions.ValueError: ...`. The C++ layer raises it
-    (csrc/torch/adapter.cc, RefusedError), decided by the failure's kind,
-    never by its message; hvd_torch/error_translation.py registers it there.
+    The C++ layer raises it (csrc/torch/adapter.cc, RefusedError, for
+    Status::kRefused), decided by the failure's kind, never by its message;
+    hvd_torch/error_translation.py registers it there.
     """
+
+
+def __getattr__(name):
+    """`hvd_torch.exceptions.ValueError`, RefusedError's old name, still
+    resolves (also in `from hvd_torch.exceptions import ValueError`) to the
+    same class (docs/compat.md). Looked up here rather than bound in the
+    module, so that nothing here, nor `from hvd_torch.exceptions import *`,
+    hides the built-in ValueError."""
+    if name == "ValueError":
+        return RefusedError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -108,7 +108,7 @@ PYBIND11_MODULE(_C, m) {
     hvd::torch_layer::removeProcessSet(id);
   });
   m.def("set_refused_error_type", &hvd::torch_layer::setRefusedErrorType,
-        "The class raised for ranks that disagree (hvd_torch.exceptions.ValueError).");
+        "The class raised for ranks that disagree (hvd_torch.exceptions.RefusedError).");
   m.def("process_set_rank", &hvd::torch_layer::processSetRank);
   m.def("process_set_size", &hvd::torch_layer::processSetSize);
   m.def("process_set_ranks", [](int64_t id) {

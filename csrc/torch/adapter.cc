@@ -33,7 +33,7 @@ PyObject* refused_error_type = nullptr;
 // does not support. torch's error translation (HANDLE_TH_ERRORS, and its
 // pybind11 translator for torch.ops and our module's functions) raises a
 // torch::PyTorchError as the Python type it names: here
-// hvd_torch.exceptions.ValueError, a subclass of both ValueError and
+// hvd_torch.exceptions.RefusedError, a subclass of both ValueError and
 // RuntimeError, so that `except ValueError` and Horovod users'
 // `except RuntimeError` both catch it, while it stays out of elastic's
 // HorovodInternalError retry path. TorchScript's interpreter turns it into a
@@ -50,7 +50,7 @@ struct RefusedError : torch::PyTorchError {
 //   caller's mistake seen by this rank (Status::kInvalidArgument, argument
 //     checks) -> c10::ValueError -> ValueError;
 //   caller's mistake seen across ranks (Status::kRefused) -> RefusedError ->
-//     hvd_torch.exceptions.ValueError (a ValueError and a RuntimeError);
+//     hvd_torch.exceptions.RefusedError (a ValueError and a RuntimeError);
 //   peer failure or shutdown -> c10::DistNetworkError -> HorovodInternalError
 //     (elastic training restores and retries on it);
 //   broken invariant (Status::kInternal) -> c10::Error -> RuntimeError naming a bug.

@@ -84,5 +84,5 @@ def test_callers_mistakes_are_valueerror_at_once(nranks):
             assert elapsed < 1.0, (rank, what, elapsed)
         assert res["splits.list_ok"][0] is None, res["splits.list_ok"]
         exc_type, message, _ = res["mismatch"]
-        assert exc_type == "ValueError" and "mismatched shapes" in message, res["mismatch"]
+        assert exc_type == "RefusedError" and "mismatched shapes" in message, res["mismatch"]
         assert torch.equal(res["after"], torch.tensor([float(nranks)]))

@@ -4,7 +4,7 @@ Horovod reports ranks that disagree (shapes, first dimensions, dtypes, reduce
 ops, root ranks, alltoall shapes, reducescatter dimensions, one name used for
 two ops) from synchronize() as HorovodInternalError, a RuntimeError, and
 refuses reducescatter with Adasum with a RuntimeError; scripts written for it
-catch RuntimeError.  hvd-torch raises them as hvd_torch.exceptions.ValueError,
+catch RuntimeError.  hvd-torch raises them as hvd_torch.exceptions.RefusedError,
 a ValueError (as before: tests/ranks/test_errors.py) and a RuntimeError, and
 never a HorovodInternalError, which elastic training would retry forever.
 A mistake the calling rank sees alone (bad splits, a root rank out of range)
@@ -155,9 +155,9 @@ def test_what_horovod_raises_as_runtimeerror_is_caught_as_runtimeerror(nranks):
             where = f"rank {rank} of {nranks}, {what}: {got}"
             assert got is not None, f"rank {rank} of {nranks}, {what}: did not raise"
             assert got["caught"] == "RuntimeError", where
-            assert got["class"] == "hvd_torch.exceptions.ValueError", where
-            # Still what hvd-torch raised before: a ValueError, by class and name.
-            assert got["value_error"] and got["name"] == "ValueError", where
+            assert got["class"] == "hvd_torch.exceptions.RefusedError", where
+            # Still what hvd-torch raised before: a ValueError.
+            assert got["value_error"], where
             # Not the error elastic training restores and retries on.
             assert not got["internal"], where
             assert text in got["message"], where
@@ -181,7 +181,7 @@ def test_elastic_run_does_not_retry_ranks_that_disagree(nranks):
     for rank, res in enumerate(_launch(nranks)):
         got = res["elastic"]
         assert got is not None and got["caught"] == "RuntimeError", (rank, got)
-        assert got["class"] == "hvd_torch.exceptions.ValueError", (rank, got)
+        assert got["class"] == "hvd_torch.exceptions.RefusedError", (rank, got)
         assert "mismatched shapes" in got["message"], (rank, got)
         assert res["elastic.calls"] == 1, (rank, res["elastic.calls"])
         assert torch.equal(res["end"], torch.tensor([float(nranks)]))
@@ -190,13 +190,25 @@ def test_elastic_run_does_not_retry_ranks_that_disagree(nranks):
 @pytest.mark.unit
 def test_the_class_is_both_and_not_horovods_internal_error():
     from hvd_torch import HorovodInternalError
-    from hvd_torch.exceptions import ValueError as RefusedError
+    from hvd_torch.exceptions import RefusedError
 
     assert issubclass(RefusedError, builtins.ValueError)
     assert issubclass(RefusedError, RuntimeError)
     assert not issubclass(RefusedError, HorovodInternalError)
-    assert RefusedError.__name__ == "ValueError"
     with pytest.raises(RuntimeError):
         raise RefusedError("x")
     with pytest.raises(builtins.ValueError):
         raise RefusedError("x")
+
+
+@pytest.mark.unit
+def test_the_old_name_is_an_alias_that_hides_no_builtin():
+    from hvd_torch import exceptions
+    from hvd_torch.exceptions import ValueError as old_name
+
+    assert old_name is exceptions.ValueError is exceptions.RefusedError
+    # A star import brings the classes, not a name that hides the built-in.
+    namespace = {}
+    exec("from hvd_torch.exceptions import *", namespace)
+    assert "ValueError" not in namespace and namespace["RefusedError"] is old_name
+    assert "ValueError" not in vars(exceptions)

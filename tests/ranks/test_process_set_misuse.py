@@ -156,7 +156,7 @@ def test_ops_on_a_removed_set_raise_valueerror(nranks):
 def test_remove_process_set_while_a_member_waits_fails_its_op(nranks, order):
     results = _launch(nranks)
     exc_type, message, elapsed = results[0][order]["op"]
-    assert exc_type == "ValueError", results[0][order]
+    assert exc_type == "RefusedError", results[0][order]
     remover = nranks - 1
     assert f"rank {remover} called remove_process_set() for this set without submitting it" in (
         message)

@@ -222,9 +222,12 @@ def test_disjoint_sets_run_concurrently():
 def test_errors_on_every_rank(nranks):
     for rank, res in enumerate(_launch(nranks)):
         other = list(range(1 - rank % 2, nranks, 2))
-        for kind in ("not_member", "unregistered", "root_outside", "mismatch", "duplicate",
-                     "out_of_range"):  # Horovod raises ValueError for each of these
+        # Horovod raises ValueError for each of these; the registry's refusals
+        # (every rank compared) are RefusedError, a ValueError too.
+        for kind in ("not_member", "unregistered", "root_outside"):
             assert res[kind].startswith("ValueError: "), (kind, res[kind])
+        for kind in ("mismatch", "duplicate", "out_of_range"):
+            assert res[kind].startswith("RefusedError: "), (kind, res[kind])
         assert f"rank {rank} is not in process set" in res["not_member"], res["not_member"]
         assert f"(ranks {other})" in res["not_member"]
         assert "is not registered" in res["unregistered"]

@@ -21,7 +21,7 @@ MESSAGE = "allreduce 'x': rank 1 exited or lost its connection"
 # What throwStatus raises, as torch raises it in Python: (kind, the error).
 KINDS = [
     ("caller's mistake on this rank", lambda: ValueError(MESSAGE)),
-    ("caller's mistake across ranks", lambda: exceptions.ValueError(MESSAGE)),
+    ("caller's mistake across ranks", lambda: exceptions.RefusedError(MESSAGE)),
     ("peer failure or shutdown", lambda: DistNetworkError(MESSAGE)),
     ("broken invariant", lambda: RuntimeError(
         "hvd_torch internal error (a bug in hvd-torch, please report it): " + MESSAGE)),
@@ -29,7 +29,7 @@ KINDS = [
 # The class a caller of hvd_torch's functions sees for each kind.
 EXPECTED = {
     "caller's mistake on this rank": ValueError,
-    "caller's mistake across ranks": exceptions.ValueError,
+    "caller's mistake across ranks": exceptions.RefusedError,
     "peer failure or shutdown": hvd.HorovodInternalError,
     "broken invariant": RuntimeError,
 }
@@ -75,7 +75,7 @@ def test_each_kind_leaves_as_its_horovod_class_with_its_message(form, kind, make
 
 def test_the_classes_keep_their_meaning():
     refused = error_translation.Refused
-    assert refused is exceptions.ValueError
+    assert refused is exceptions.RefusedError
     # `except ValueError` and Horovod's `except RuntimeError` both catch a
     # refusal, and elastic training does not retry it.
     assert issubclass(refused, ValueError) and issubclass(refused, RuntimeError)
