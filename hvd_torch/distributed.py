@@ -56,7 +56,7 @@ def _gloo_key(rank: int) -> str:
 
 
 def _check_backends(store, rank: int, size: int) -> None:
-    """Raises hvd_torch.exceptions.ValueError (ranks that disagree, docs/errors.md)
+    """Raises hvd_torch.exceptions.RefusedError (ranks that disagree, docs/errors.md)
     naming every rank and what it asked for, unless every rank of the default group
     calls init_process_group("hvd").
 
@@ -99,7 +99,7 @@ def _check_backends(store, rank: int, size: int) -> None:
 def _different_backends(call: str, ranks_by_backend: dict, rank: int):
     """The error for ranks of `call` that asked for different backends (docs/errors.md):
     each backend (or what stands for it) with its ranks; empty lists are left out."""
-    return exceptions.ValueError(
+    return exceptions.RefusedError(
         f"hvd backend (torch.distributed): the ranks of {call} asked for different backends: "
         + "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {what}"
                     for what, rs in ranks_by_backend.items() if rs)
@@ -159,7 +159,7 @@ def _uses_hvd(backend) -> bool:
 
 
 def _check_group_backends(backend) -> None:
-    """Raises hvd_torch.exceptions.ValueError on every rank that reaches it, naming each
+    """Raises hvd_torch.exceptions.RefusedError on every rank that reaches it, naming each
     rank's backend, when the ranks of a job whose default group is "hvd" ask one
     new_group() for different backends.  Without it, the ranks that asked for "hvd"
     would wait in the process set registration (a collective of every rank) and those

@@ -1,7 +1,10 @@
 // The autotuner (csrc/core/autotune.h) against a synthetic cost model with a
 // known best setting, on a fake clock: it scores every grid value of each
 // free knob, keeps fixed knobs, logs each trial and settles on the best.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -57,6 +60,16 @@ std::vector<std::string> lines(const std::string& path) {
   return out;
 }
 
+// A log file of this process's own under TMPDIR, so the test runs from any
+// directory (a sanitizer build's too) and never meets another run's file.
+std::string logPath(const char* name) {
+  const char* dir = std::getenv("TMPDIR");
+  const std::string path = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") +
+                           "/hvd_autotune_" + std::to_string(getpid()) + "_" + name;
+  std::remove(path.c_str());
+  return path;
+}
+
 AutotuneConfig config(const std::string& log) {
   AutotuneConfig c;
   c.enabled = true;
@@ -69,7 +82,7 @@ AutotuneConfig config(const std::string& log) {
 }  // namespace
 
 TEST(settles_on_the_best_grid_point_of_each_knob) {
-  const std::string log = "build/autotune_both.csv";
+  const std::string log = logPath("both.csv");
   std::string error;
   Autotuner tuner(config(log), Tunables{}, &error);
   CHECK(error.empty());
@@ -84,10 +97,11 @@ TEST(settles_on_the_best_grid_point_of_each_knob) {
   CHECK_EQ(rows.back().rfind("settled,,16777216,131072,", 0), size_t{0});
   // After settling nothing moves.
   CHECK(run.seen.back().fusion_threshold == 16 * kMiB);
+  std::remove(log.c_str());
 }
 
 TEST(a_fixed_knob_is_never_tried) {
-  const std::string log = "build/autotune_fixed.csv";
+  const std::string log = logPath("fixed.csv");
   AutotuneConfig c = config(log);
   c.inline_fixed = true;
   std::string error;
@@ -99,6 +113,7 @@ TEST(a_fixed_knob_is_never_tried) {
   CHECK_EQ(run.final.fusion_threshold, 16 * kMiB);
   for (const Tunables& t : run.seen) CHECK_EQ(t.inline_threshold, size_t{0});
   CHECK_EQ(lines(log).size(), size_t{1 + 6 + 1});
+  std::remove(log.c_str());
 }
 
 TEST(the_trial_budget_bounds_the_search) {
