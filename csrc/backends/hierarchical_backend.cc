@@ -5,7 +5,7 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "../core/reduce.h"
+#include "../core/reduction_plan.h"
 
 namespace hvd {
 
@@ -104,7 +104,9 @@ bool HierarchicalBackend::reducescatter(const void* in, void* out,
     }
     host_counts.push_back(c);
   }
-  scaleBuffer(staged, total, dtype, prescale);
+  // Rank order within the host (shared memory), ring order between the leaders.
+  const ReductionPlan plan(dtype, op, prescale, postscale, 1);  // Average folded: divisor 1
+  plan.prescale(staged, total);
   if (local_) local_->allreduce(staged, total, dtype, op);
   char* segment = staged + host_first * elem;
   if (leaders_) {
@@ -115,7 +117,7 @@ bool HierarchicalBackend::reducescatter(const void* in, void* out,
   }
   if (local_) local_->broadcast(segment, host_counts[host_], dtype, 0);
   if (counts[rank_] > 0) std::memcpy(out, segment + mine_in_segment * elem, counts[rank_] * elem);
-  scaleBuffer(out, counts[rank_], dtype, postscale);
+  plan.finish(out, counts[rank_]);
   return true;
 }
 

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "reduce.h"
+#include "reduction_plan.h"
 
 namespace hvd {
 
@@ -595,22 +595,25 @@ Status Coordinator::refuseWhileJoined(const Request& q, const Pending& p) const 
 std::string Coordinator::reduceInline(const Request& q, Pending& p) const {
   const size_t n = static_cast<size_t>(q.numElements());
   const size_t bytes = q.numBytes();
-  ReduceFn fn = reduceFunction(q.dtype, q.reduce_op);
-  std::string acc;
-  std::string tmp;
-  int contributors = 0;  // the members that arrived, in rank order
+  std::vector<std::string*> rows;  // the members that arrived, in rank order
   for (int rank : p.members) {
     if (!p.arrived[rank]) continue;
-    std::string& data = contributors++ == 0 ? acc : tmp;
-    data = std::move(p.by_rank[rank].inline_data);
+    std::string& data = p.by_rank[rank].inline_data;
     data.resize(bytes);
-    scaleBuffer(&data[0], n, q.dtype, q.prescale);
-    if (&data == &tmp) fn(&acc[0], acc.data(), tmp.data(), n);
+    rows.push_back(&data);
   }
+  if (rows.empty()) return std::string(bytes, '\0');  // (a ready op has a contributor)
   // Joined ranks contribute nothing; Average divides by the whole set, as if
   // they sent zeros (Horovod), or by those who did, when so configured.
-  const int divisor = average_over_contributors_ ? contributors : static_cast<int>(p.members.size());
-  postscaleBuffer(&acc[0], n, q.dtype, q.reduce_op, divisor, q.postscale);
+  const int divisor = average_over_contributors_ ? static_cast<int>(rows.size())
+                                                 : static_cast<int>(p.members.size());
+  const ReductionPlan plan(q.dtype, q.reduce_op, q.prescale, q.postscale, divisor);
+  // The rows are ours to scale in place, then the first holds the result.
+  for (std::string* row : rows) plan.prescale(&(*row)[0], n);
+  std::string acc = std::move(*rows[0]);
+  plan.combine(&acc[0], static_cast<int>(rows.size()),
+               [&](int r) -> const void* { return r == 0 ? acc.data() : rows[r]->data(); }, n);
+  plan.finish(&acc[0], n);
   return acc;
 }
 

@@ -8,7 +8,7 @@
 
 #include "cpu_relax.h"
 #include "log.h"
-#include "reduce.h"
+#include "reduction_plan.h"
 
 namespace hvd {
 
@@ -300,25 +300,11 @@ void FastLane::execute(const Op& op, Entry& e) {
   const size_t elem = dataTypeSize(q.dtype);
   const int n = ranks_;
   auto reduceRows = [&](char* out, size_t offset, size_t count) {
-    // Rank order, as the coordinator's inline path: the same sum on every rank.
-    const ReduceFn fn =
-        reduceFunction(q.dtype, q.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : q.reduce_op);
-    const size_t bytes = count * elem;
-    std::memcpy(out, rowData(0) + offset, bytes);
-    if (q.prescale != 1.0) {
-      scaleBuffer(out, count, q.dtype, q.prescale);
-      if (scratch_.size() < bytes) scratch_.resize(bytes);
-    }
-    for (int r = 1; r < n; ++r) {
-      const char* in = rowData(r) + offset;
-      if (q.prescale != 1.0) {
-        std::memcpy(scratch_.data(), in, bytes);
-        scaleBuffer(scratch_.data(), count, q.dtype, q.prescale);
-        in = scratch_.data();
-      }
-      fn(out, out, in, count);
-    }
-    postscaleBuffer(out, count, q.dtype, q.reduce_op, n, q.postscale);
+    // Rank order, as the coordinator's inline path: the same bits on every rank.
+    const ReductionPlan plan(q.dtype, q.reduce_op, q.prescale, q.postscale, n);
+    plan.reduce(out, n, [&](int r) -> const void* { return rowData(r) + offset; }, count,
+                scratch_);
+    plan.finish(out, count);
   };
   switch (q.type) {
     case OpType::kAllreduce:

@@ -16,7 +16,7 @@
 #include <stdexcept>
 
 #include "../../core/address.h"
-#include "../../core/reduce.h"
+#include "../../core/reduction_plan.h"
 #include "gloo_store.h"
 
 namespace hvd {
@@ -108,10 +108,12 @@ bool GlooBackend::reducescatter(const void* in, void* out, const std::vector<siz
   for (int r = 0; r < n; ++r) first[r + 1] = first[r] + counts[r];
   const size_t bytes = first[n] * elem;
   const char* input = static_cast<const char*>(in);
-  if (prescale != 1.0) {  // every contribution is scaled before it is added
+  // Ring order, not rank order: only the plan's scaling steps apply here.
+  const ReductionPlan plan(dtype, op, prescale, postscale, 1);  // Average folded: divisor 1
+  if (plan.scalesInputs()) {  // every contribution is scaled before it is added
     scaled_.resize(bytes);
     std::memcpy(scaled_.data(), in, bytes);
-    scaleBuffer(scaled_.data(), first[n], dtype, prescale);
+    plan.prescale(scaled_.data(), first[n]);
     input = scaled_.data();
   }
   if (n > 2) partial_.resize(bytes);  // the blocks this rank adds to and passes on
@@ -159,7 +161,7 @@ bool GlooBackend::reducescatter(const void* in, void* out, const std::vector<siz
     for (size_t i = 0; i < sends; ++i) check(sender->waitSend(timeout), "send to", next);
   }
   if (n == 1) std::memcpy(out, input, bytes);
-  scaleBuffer(out, counts[me], dtype, postscale);
+  plan.finish(out, counts[me]);
   return true;
 }
 

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "../../core/reduce.h"
+#include "../../core/reduction_plan.h"
 #include "../../core/store_client.h"
 #include "../../core/stream_copy.h"
 #include "shm_peer.h"
@@ -181,7 +181,8 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
                                 double prescale, double postscale) {
   const size_t elem = dataTypeSize(dtype);
   const SpanList list(spans, elem);
-  const ReduceFn reduce = reduceFunction(dtype, op);
+  // Average's division is in postscale already (the executor's), so divisor 1.
+  const ReductionPlan plan(dtype, op, prescale, postscale, 1);
   // A piece: what one rank contributes to one part in one round.
   const size_t piece = std::max<size_t>(1, slot_bytes_ / size_ / kLine * kLine / elem);
   const Part mine = partOf(list.total(), size_, rank_);
@@ -192,7 +193,7 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
   const bool fill_stream = writes.stream();
   // Unscaled, this rank's own part goes from its input to the reduction
   // without a copy into its slot: only the others read the slot.
-  const bool own_direct = prescale == 1.0;
+  const bool own_direct = !plan.scalesInputs();
   for (size_t done = 0; done < longest; done += piece) {
     const int b = nextBuffer();
     char* in = slot(b, rank_);
@@ -202,7 +203,7 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
       char* dst = in + r * piece * elem;
       const size_t n = std::min(piece, p.count - done);
       list.read(p.first + done, n, dst, fill_stream);
-      scaleBuffer(dst, n, dtype, prescale);
+      plan.prescale(dst, n);
     }
     sync_.barrier("allreduce");
     if (done < mine.count) {
@@ -212,10 +213,10 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
       char* acc = fill_stream ? scratch_.data() : result(b) + at;
       // Every rank sums in rank order, so results are identical everywhere.
       const auto sum = [&](size_t off, size_t m, const char* own) {
-        const auto from = [&](int s) { return s == rank_ ? own : slot(b, s) + at + off * elem; };
-        char* dst = acc + off * elem;
-        reduce(dst, from(0), from(1), m);
-        for (int s = 2; s < size_; ++s) reduce(dst, dst, from(s), m);
+        const auto from = [&](int s) -> const void* {
+          return s == rank_ ? own : slot(b, s) + at + off * elem;
+        };
+        plan.combine(acc + off * elem, size_, from, m);
       };
       if (own_direct) {
         list.eachInput(mine.first + done, n,
@@ -223,7 +224,7 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
       } else {
         sum(0, n, in + at);
       }
-      scaleBuffer(acc, n, dtype, postscale);
+      plan.finish(acc, n);
       if (fill_stream) streamCopy(result(b) + at, acc, n * elem);
     }
     sync_.barrier("allreduce");
@@ -240,7 +241,7 @@ bool ShmBackend::allreduceSpans(const std::vector<Span>& spans, DataType dtype, 
 bool ShmBackend::reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
                                DataType dtype, ReduceOp op, double prescale, double postscale) {
   const size_t elem = dataTypeSize(dtype);
-  const ReduceFn reduce = reduceFunction(dtype, op);
+  const ReductionPlan plan(dtype, op, prescale, postscale, 1);  // as allreduceSpans'
   const size_t piece = std::max<size_t>(1, slot_bytes_ / size_ / kLine * kLine / elem);
   std::vector<size_t> first(size_, 0);
   for (int r = 1; r < size_; ++r) first[r] = first[r - 1] + counts[r - 1];
@@ -254,7 +255,7 @@ bool ShmBackend::reducescatter(const void* in, void* out, const std::vector<size
       char* dst = slot(b, rank_) + r * piece * elem;
       const size_t n = std::min(piece, counts[r] - done);
       copyBytes(dst, src + (first[r] + done) * elem, n * elem, writes.stream());
-      scaleBuffer(dst, n, dtype, prescale);
+      plan.prescale(dst, n);
     }
     // One barrier a round: the next write to this buffer comes two rounds
     // on, after every rank has passed the next round's barrier.
@@ -263,9 +264,8 @@ bool ShmBackend::reducescatter(const void* in, void* out, const std::vector<size
       const size_t n = std::min(piece, counts[rank_] - done);
       const size_t at = rank_ * piece * elem;
       char* acc = static_cast<char*>(out) + done * elem;
-      reduce(acc, slot(b, 0) + at, slot(b, 1) + at, n);
-      for (int s = 2; s < size_; ++s) reduce(acc, acc, slot(b, s) + at, n);
-      scaleBuffer(acc, n, dtype, postscale);
+      plan.combine(acc, size_, [&](int s) -> const void* { return slot(b, s) + at; }, n);
+      plan.finish(acc, n);
     }
   }
   return true;
