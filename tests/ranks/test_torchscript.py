@@ -1,5 +1,6 @@
 """The hvd_torch ops from TorchScript: scripted functions and modules, their
-gradients, and a module saved by rank 0 then loaded and run by fresh ranks.
+gradients, a module saved by rank 0 then loaded and run by fresh ranks, and a
+committed module saved with older schemas (tests/fixtures) that must still run.
 
 The scripted code calls torch.ops.hvd_torch.* directly, as a TorchScript user
 must (the Python wrappers are not scriptable).  Op ints: Average=0, Sum=1.
@@ -126,6 +127,48 @@ def _script_rank(save_dir):
     return res
 
 
+# A module saved by the build before the per-op options of issue #46
+# (tests/fixtures/make_saved_collectives.py): every op, arguments positional.
+SAVED_V1 = os.path.join(os.path.dirname(__file__), "..", "fixtures", "saved_collectives_v1.ptz")
+
+
+def _saved_input(rank: int, nranks: int) -> torch.Tensor:
+    return torch.arange(2 * nranks * 3, dtype=torch.float64).reshape(2 * nranks, 3) + 100 * rank
+
+
+def _saved_reference(rank: int, nranks: int) -> list[torch.Tensor]:
+    """What SavedCollectives.forward returns on `rank`, in plain torch."""
+    xs = [_saved_input(r, nranks) for r in range(nranks)]
+    total, gathered, root = sum(xs), torch.cat(xs), nranks - 1
+    rows = slice(2 * rank, 2 * rank + 2)
+    mine = [x[rows] for x in xs]
+    received = torch.full((nranks,), 2, dtype=torch.int32)
+    to_root = torch.zeros(nranks, dtype=torch.int32)
+    if rank == root:
+        to_root.fill_(2 * nranks)
+    return [
+        total / 2, total / nranks, xs[-1], xs[0],  # allreduce: Sum scaled by 1/2, Average, Max, Min
+        gathered, gathered,  # allgather, allgather_async
+        xs[root], xs[root], xs[root], xs[root],  # broadcast, _, _async, _async_
+        (total / 2)[rows], (total / nranks)[rows],  # reducescatter, reducescatter_async
+        total, 2 * total, total, 2 * total, total, 2 * total, total, 2 * total,  # grouped allreduces
+        gathered, 2 * gathered, gathered, 2 * gathered,  # grouped allgathers
+        (total / 2)[rows], total[rows], total[rows], 2 * total[rows],  # grouped reducescatters
+        torch.cat(mine), received,  # alltoall, even split
+        gathered if rank == root else gathered[:0], to_root,  # alltoall_async, all rows to root
+    ]
+
+
+def _saved_v1_rank(nranks):
+    import hvd_torch as hvd  # registers torch.ops.hvd_torch before torch.jit.load
+
+    hvd.init()
+    module = torch.jit.load(SAVED_V1)
+    out = module(_saved_input(hvd.rank(), nranks), nranks, 0)
+    hvd.shutdown()
+    return out
+
+
 def _load_rank(save_dir):
     import hvd_torch as hvd  # registers torch.ops.hvd_torch before torch.jit.load
 
@@ -141,6 +184,20 @@ def _load_rank(save_dir):
 
 def _close(out, expected, what):
     torch.testing.assert_close(out, expected, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_module_saved_with_older_schemas_loads_and_runs(nranks):
+    """Schemas only gain arguments with defaults: code saved before still runs."""
+    results = run_ranks(_saved_v1_rank, nranks, args=(nranks,), timeout=TIMEOUT)
+    for rank, out in enumerate(results):
+        expected = _saved_reference(rank, nranks)
+        assert len(out) == len(expected) + 2, f"rank {rank}: {len(out)} outputs"
+        for i, (got, want) in enumerate(zip(out, expected)):
+            _close(got, want, f"rank {rank} of {nranks}, saved v1 module output {i}")
+        barrier, last_joined = out[-2:]
+        assert barrier.numel() == 1, f"rank {rank}: barrier returned {barrier}"
+        assert 0 <= int(last_joined) < nranks, f"rank {rank}: join returned {last_joined}"
 
 
 @pytest.mark.parametrize("nranks", NRANKS)
