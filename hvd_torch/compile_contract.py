@@ -80,69 +80,36 @@ def _dynamic_rows(tensor):
     return tensor.new_empty((rows,) + tuple(tensor.shape[1:]))
 
 
-@torch.library.register_fake(_lib + "allreduce")
-def _allreduce(tensor, name="", op=0, prescale_factor=1.0, postscale_factor=1.0,
-               process_set_id=0):
-    return _like(tensor)
-
-
-@torch.library.register_fake(_lib + "allreduce_")
-def _allreduce_inplace(tensor, name="", op=0, prescale_factor=1.0, postscale_factor=1.0,
-                       process_set_id=0):
-    return None
-
-
-@torch.library.register_fake(_lib + "allgather")
-def _allgather(tensor, name="", process_set_id=0):
-    return _dynamic_rows(tensor)
-
-
-@torch.library.register_fake(_lib + "broadcast")
-def _broadcast(tensor, root_rank=0, name="", process_set_id=0):
-    return _like(tensor)
-
-
-@torch.library.register_fake(_lib + "broadcast_")
-def _broadcast_inplace(tensor, root_rank=0, name="", process_set_id=0):
-    return None
-
-
-@torch.library.register_fake(_lib + "reducescatter")
-def _reducescatter(tensor, name="", op=0, prescale_factor=1.0, postscale_factor=1.0,
-                   process_set_id=0):
-    return _dynamic_rows(tensor)
-
-
-@torch.library.register_fake(_lib + "alltoall")
-def _alltoall(tensor, splits=None, name="", process_set_id=0):
+def _alltoall(tensor):
     received = tensor.new_empty((torch.library.get_ctx().new_dynamic_size(),),
                                 dtype=torch.int32)
     return _dynamic_rows(tensor), received
 
 
-@torch.library.register_fake(_lib + "grouped_allreduce")
-def _grouped_allreduce(tensors, name="", op=0, prescale_factor=1.0, postscale_factor=1.0,
-                       process_set_id=0):
-    return [_like(t) for t in tensors]
+# The output of each traceable op from its first argument alone: no other
+# argument (name, op, scaling, process set, or an option appended to a schema
+# later) changes a shape, so a new schema argument touches nothing here.
+# grouped_X maps X's rule over its list; an in-place op (its schema returns
+# nothing) returns None.
+_SHAPES = {"allreduce": _like, "broadcast": _like, "allgather": _dynamic_rows,
+           "reducescatter": _dynamic_rows, "alltoall": _alltoall}
 
 
-@torch.library.register_fake(_lib + "grouped_allreduce_")
-def _grouped_allreduce_inplace(tensors, name="", op=0, prescale_factor=1.0,
-                               postscale_factor=1.0, process_set_id=0):
-    return None
+def _fake(op):
+    grouped = op.startswith("grouped_")
+    rule = _SHAPES[op.removeprefix("grouped_").rstrip("_")]
+    in_place = not getattr(torch.ops.hvd_torch, op).default._schema.returns
 
-
-@torch.library.register_fake(_lib + "grouped_allgather")
-def _grouped_allgather(tensors, name="", process_set_id=0):
-    return [_allgather(t) for t in tensors]
-
-
-@torch.library.register_fake(_lib + "grouped_reducescatter")
-def _grouped_reducescatter(tensors, name="", op=0, prescale_factor=1.0, postscale_factor=1.0,
-                           process_set_id=0):
-    return [_dynamic_rows(t) for t in tensors]
+    def fake(first, *args, **kwargs):
+        if in_place:
+            return None
+        return [rule(t) for t in first] if grouped else rule(first)
+    return fake
 
 
 TRACEABLE = ("allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "reducescatter",
              "alltoall", "grouped_allreduce", "grouped_allreduce_", "grouped_allgather",
              "grouped_reducescatter")  # fmt: skip
+
+for _op in TRACEABLE:
+    torch.library.register_fake(_lib + _op)(_fake(_op))

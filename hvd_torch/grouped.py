@@ -14,7 +14,8 @@ from hvd_torch.basics import Adasum, Average
 from hvd_torch.compression import Compression
 from hvd_torch import _C
 from hvd_torch.error_translation import translate_errors
-from hvd_torch.ops import _is_compiling, _ps, _resolve_op, global_process_set
+from hvd_torch.op_call import call as _call
+from hvd_torch.ops import _ps, _resolve_op, global_process_set
 
 _ops = torch.ops.hvd_torch
 
@@ -58,10 +59,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     inputs = [c for c, _ in compressed]
     outs = _adasum(inputs, average, name, op, prescale_factor, postscale_factor, process_set)
     if outs is None:
-        args = (name or "",) + _args(average, op, prescale_factor, postscale_factor, process_set)
-        outs = NotImplemented if _is_compiling() else _C.eager_grouped_allreduce(inputs, *args)
-        if outs is NotImplemented:
-            outs = _ops.grouped_allreduce(inputs, *args)
+        outs = _call(_C.eager_grouped_allreduce, _ops.grouped_allreduce, inputs, name or "",
+                     *_args(average, op, prescale_factor, postscale_factor, process_set))
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
@@ -71,9 +70,8 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
     """In-place grouped allreduce; returns `tensors`."""
     if _adasum_into(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
         return tensors
-    args = (name or "",) + _args(average, op, prescale_factor, postscale_factor, process_set)
-    if _is_compiling() or _C.eager_grouped_allreduce_(tensors, *args) is NotImplemented:
-        _ops.grouped_allreduce_(list(tensors), *args)
+    _call(_C.eager_grouped_allreduce_, _ops.grouped_allreduce_, list(tensors), name or "",
+          *_args(average, op, prescale_factor, postscale_factor, process_set))
     return tensors
 
 
@@ -83,9 +81,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     outs = _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
     if outs is not None:
         return adasum.Handle(outs)
-    return _group(_ops.grouped_allreduce_async(
-        list(tensors), name or "", *_args(average, op, prescale_factor, postscale_factor,
-                                          process_set)))
+    return _group(_call(None, _ops.grouped_allreduce_async, list(tensors), name or "",
+                        *_args(average, op, prescale_factor, postscale_factor, process_set)))
 
 
 @translate_errors
@@ -93,38 +90,31 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                              postscale_factor=1.0, process_set=global_process_set):
     if _adasum_into(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
         return adasum.Handle(list(tensors))
-    return _group(_ops.grouped_allreduce_async_(
-        list(tensors), name or "", *_args(average, op, prescale_factor, postscale_factor,
-                                          process_set)))
+    return _group(_call(None, _ops.grouped_allreduce_async_, list(tensors), name or "",
+                        *_args(average, op, prescale_factor, postscale_factor, process_set)))
 
 
-@translate_errors
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgathers every tensor in `tensors` as one unit; returns the list of results."""
-    return _ops.grouped_allgather(list(tensors), name or "", _ps(process_set))
+    return _call(None, _ops.grouped_allgather, list(tensors), name or "", _ps(process_set))
 
 
-@translate_errors
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    return _group(_ops.grouped_allgather_async(list(tensors), name or "",
-                                                      _ps(process_set)))
+    return _group(_call(None, _ops.grouped_allgather_async, list(tensors), name or "",
+                        _ps(process_set)))
 
 
-@translate_errors
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """Reducescatters every tensor in `tensors` as one unit; returns the list of results."""
     compressed = [compression.compress(t) for t in tensors]
-    outs = _ops.grouped_reducescatter([c for c, _ in compressed], name or "", op,
-                                      float(prescale_factor), float(postscale_factor),
-                                      _ps(process_set))
+    outs = _call(None, _ops.grouped_reducescatter, [c for c, _ in compressed], name or "", op,
+                 float(prescale_factor), float(postscale_factor), _ps(process_set))
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
-@translate_errors
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    return _group(_ops.grouped_reducescatter_async(
-        list(tensors), name or "", op, float(prescale_factor), float(postscale_factor),
-        _ps(process_set)))
+    return _group(_call(None, _ops.grouped_reducescatter_async, list(tensors), name or "", op,
+                        float(prescale_factor), float(postscale_factor), _ps(process_set)))

@@ -15,6 +15,7 @@ from hvd_torch.basics import Adasum, Average, Sum
 from hvd_torch.compression import Compression
 from hvd_torch.error_translation import PeerFailure, horovod_internal_error, translate_errors
 from hvd_torch.handles import Handle, synchronize_through_ops
+from hvd_torch.op_call import call as _call
 from hvd_torch.process_sets import global_process_set, process_set_id
 
 _ops = torch.ops.hvd_torch
@@ -38,7 +39,7 @@ _ps = process_set_id
 # Eager blocking allreduces of plain CPU tensors skip the dispatcher's ~2 us
 # (csrc/python/eager_fast_path.cpp says when); torch.compile traces the op.
 # Each _eager_* entry returns NotImplemented when it does not take the call
-# (never a result), and the wrapper then calls the torch op.
+# (never a result), and _call (op_call.py) then calls the torch op.
 _is_compiling = torch.compiler.is_compiling
 _eager_allreduce = _C.eager_allreduce
 _eager_allreduce_ = _C.eager_allreduce_
@@ -82,10 +83,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                             process_set)
 
 
-# allreduce and allreduce_ are the hottest calls: they translate errors inline,
-# without translate_errors' extra frame and argument packing (0.6 us of a
-# 4-byte allreduce's 4-5 us), skip _resolve_op when `op` is given, and
-# allreduce skips the no-op compressor's two calls.
+# allreduce and allreduce_ are the hottest calls: they skip _resolve_op when
+# `op` is given, and allreduce skips the no-op compressor's two calls.
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces `tensor` over all ranks (Average by default) into a new tensor.
@@ -100,17 +99,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         out = adasum.allreduce(compressed, name, float(prescale_factor), float(postscale_factor),
                                process_set)
         return out if compression is _no_compression else compression.decompress(out, ctx)
-    # Each fast-path op is written out: a shared helper's frame and argument
-    # packing cost 0.1-0.3 us, a few percent of a 4-byte op.
-    name, pre, post, ps = name or "", float(prescale_factor), float(postscale_factor), \
-        process_set._id()
-    try:
-        out = NotImplemented if _is_compiling() else _eager_allreduce(compressed, name, op, pre,
-                                                                      post, ps)
-        if out is NotImplemented:
-            out = _ops.allreduce(compressed, name, op, pre, post, ps)
-    except PeerFailure as e:
-        raise horovod_internal_error(e) from None
+    out = _call(_eager_allreduce, _ops.allreduce, compressed, name or "", op,
+                float(prescale_factor), float(postscale_factor), process_set._id())
     return out if compression is _no_compression else compression.decompress(out, ctx)
 
 
@@ -129,71 +119,48 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     if op == Adasum:
         return tensor.copy_(adasum.allreduce(tensor, name, float(prescale_factor),
                                              float(postscale_factor), process_set))
-    name, pre, post, ps = name or "", float(prescale_factor), float(postscale_factor), \
-        process_set._id()
-    try:
-        if _is_compiling() or _eager_allreduce_(tensor, name, op, pre, post, ps) is NotImplemented:
-            _ops.allreduce_(tensor, name, op, pre, post, ps)
-    except PeerFailure as e:
-        raise horovod_internal_error(e) from None
+    _call(_eager_allreduce_, _ops.allreduce_, tensor, name or "", op, float(prescale_factor),
+          float(postscale_factor), process_set._id())
     return tensor
 
 
-@translate_errors
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts an allgather; returns a handle for poll()/synchronize()."""
-    return _ops.allgather_async(tensor, name or "", _ps(process_set))
+    return _call(None, _ops.allgather_async, tensor, name or "", _ps(process_set))
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenates every rank's `tensor` along dimension 0 (first dims may differ)."""
-    name, ps = name or "", process_set._id()
-    try:
-        out = NotImplemented if _is_compiling() else _eager_allgather(tensor, name, ps)
-        return _ops.allgather(tensor, name, ps) if out is NotImplemented else out
-    except PeerFailure as e:
-        raise horovod_internal_error(e) from None
+    return _call(_eager_allgather, _ops.allgather, tensor, name or "", process_set._id())
 
 
-@translate_errors
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts a broadcast from `root_rank` into a new tensor; returns a handle."""
-    return _ops.broadcast_async(tensor, root_rank, name or "", _ps(process_set))
+    return _call(None, _ops.broadcast_async, tensor, root_rank, name or "", _ps(process_set))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns `root_rank`'s `tensor` on every rank."""
-    name, ps = name or "", process_set._id()
-    try:
-        out = NotImplemented if _is_compiling() else _eager_broadcast(tensor, root_rank, name, ps)
-        return _ops.broadcast(tensor, root_rank, name, ps) if out is NotImplemented else out
-    except PeerFailure as e:
-        raise horovod_internal_error(e) from None
+    return _call(_eager_broadcast, _ops.broadcast, tensor, root_rank, name or "",
+                 process_set._id())
 
 
-@translate_errors
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast_async."""
-    return _ops.broadcast_async_(tensor, root_rank, name or "", _ps(process_set))
+    return _call(None, _ops.broadcast_async_, tensor, root_rank, name or "", _ps(process_set))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns `tensor`."""
-    name, ps = name or "", process_set._id()
-    try:
-        if _is_compiling() or _eager_broadcast_(tensor, root_rank, name, ps) is NotImplemented:
-            _ops.broadcast_(tensor, root_rank, name, ps)
-    except PeerFailure as e:
-        raise horovod_internal_error(e) from None
+    _call(_eager_broadcast_, _ops.broadcast_, tensor, root_rank, name or "", process_set._id())
     return tensor
 
 
-@translate_errors
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter; returns a handle for poll()/synchronize()."""
-    return _ops.reducescatter_async(tensor, name or "", op, float(prescale_factor),
-                                    float(postscale_factor), _ps(process_set))
+    return _call(None, _ops.reducescatter_async, tensor, name or "", op, float(prescale_factor),
+                 float(postscale_factor), _ps(process_set))
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -205,15 +172,8 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     allgather of the gradient (scaled like the forward).
     """
     compressed, ctx = compression.compress(tensor)
-    name, pre, post, ps = name or "", float(prescale_factor), float(postscale_factor), \
-        _ps(process_set)
-    try:
-        out = NotImplemented if _is_compiling() else _eager_reducescatter(compressed, name, op,
-                                                                          pre, post, ps)
-        if out is NotImplemented:
-            out = _ops.reducescatter(compressed, name, op, pre, post, ps)
-    except PeerFailure as e:
-        raise horovod_internal_error(e) from None
+    out = _call(_eager_reducescatter, _ops.reducescatter, compressed, name or "", op,
+                float(prescale_factor), float(postscale_factor), _ps(process_set))
     return compression.decompress(out, ctx)
 
 
@@ -266,10 +226,10 @@ def _splits(splits):
     return torch.tensor(list(splits), dtype=torch.int32)
 
 
-@translate_errors
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; synchronize(handle) returns (output, received_splits)."""
-    return _ops.alltoall_async(tensor, _splits(splits), name or "", _ps(process_set))
+    return _call(None, _ops.alltoall_async, tensor, _splits(splits), name or "",
+                 _ps(process_set))
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -279,22 +239,16 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     tensor, and with `splits` also the rows received from each rank (int32),
     as Horovod does. Differentiable: the gradient is sent back the same way.
     """
-    sends, name, ps = _splits(splits), name or "", _ps(process_set)
-    try:
-        # The fast path gives the output alone when there are no splits.
-        out = NotImplemented if _is_compiling() else _eager_alltoall(tensor, sends, name, ps)
-        if out is NotImplemented:
-            out = _ops.alltoall(tensor, sends, name, ps)
-            return out[0] if splits is None else out
-    except PeerFailure as e:
-        raise horovod_internal_error(e) from None
-    return out
+    out = _call(_eager_alltoall, _ops.alltoall, tensor, _splits(splits), name or "",
+                _ps(process_set))
+    # The torch op gives (output, received_splits); the eager entry, without
+    # splits, the output alone.
+    return out[0] if splits is None and isinstance(out, tuple) else out
 
 
-@translate_errors
 def barrier(process_set=global_process_set):
     """Returns once every rank has called barrier()."""
-    _ops.barrier(_ps(process_set))
+    _call(None, _ops.barrier, _ps(process_set))
 
 
 @translate_errors
@@ -326,11 +280,7 @@ def synchronize(handle):
     """Waits for `handle` and returns the operation's output (raises its error):
     a tensor, an alltoall's (output, received_splits), a group's list."""
     if type(handle) is int:  # an engine handle, of any kind (csrc/torch/handle_table.h)
-        try:
-            out = NotImplemented if _is_compiling() else _eager_synchronize(handle)
-            return synchronize_through_ops(handle) if out is NotImplemented else out
-        except PeerFailure as e:
-            raise horovod_internal_error(e) from None
+        return _call(_eager_synchronize, synchronize_through_ops, handle)
     return _synchronize_other(handle)
 
 

@@ -95,10 +95,25 @@ def test_a_real_cpp_value_error_passes_through_a_decorated_op_and_the_fast_path(
 
 
 def test_decorated_ops_keep_their_names_and_docs():
-    for fn in (hvd.allgather_async, hvd.broadcast_async_, hvd.grouped_allgather, hvd.join,
-               hvd.poll):
+    for fn in (hvd.grouped_allreduce, hvd.join, hvd.poll):
         assert fn.__wrapped__.__name__ == fn.__name__
         assert fn.__doc__ == fn.__wrapped__.__doc__
+
+
+def test_a_peer_failure_through_the_call_helper_is_horovods():
+    # Every wrapper calls its op through op_call.call: the eager entry, or the
+    # torch op when the entry declines; a lost peer leaves as HorovodInternalError.
+    from hvd_torch.op_call import call
+
+    def lost(*args):
+        raise DistNetworkError("rank 1 is gone")
+
+    with pytest.raises(hvd.HorovodInternalError, match="rank 1 is gone") as info:
+        call(lambda *a: NotImplemented, lost, 1, "name")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    seen = []
+    assert call(lambda *a: seen.append(a) or "eager", lost, 1, "name") == "eager"
+    assert call(None, lambda *a: a, 1, "name") == (1, "name") and seen == [(1, "name")]
 
 
 def test_only_the_boundary_names_the_cpp_classes():
