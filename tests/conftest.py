@@ -15,6 +15,7 @@ A unit test starts no process: the suite fails a unit-tier test that does.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -161,29 +162,31 @@ def _xdist_group(item, tier):
 # ---------------------------------------------------------------- unit tier
 
 
-_spawned: list[list] = []
-_real_popen_init = subprocess.Popen.__init__
+@contextlib.contextmanager
+def _counting_spawns(started: list):
+    """subprocess.Popen records what it starts into `started`, for this block only."""
+    real = subprocess.Popen.__init__
 
+    def counting(self, *args, **kwargs):
+        started.append(args[0] if args else kwargs.get("args"))
+        real(self, *args, **kwargs)
 
-def _counting_popen_init(self, *args, **kwargs):
-    if _spawned:
-        _spawned[-1].append(args[0] if args else kwargs.get("args"))
-    _real_popen_init(self, *args, **kwargs)
-
-
-subprocess.Popen.__init__ = _counting_popen_init
+    subprocess.Popen.__init__ = counting
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = real
 
 
 def _audit_unit(item):
     """Runs one phase of a test; a unit test that starts a process in it (or in
-    a fixture it sets up) is in the wrong tier and fails."""
-    checked = item.get_closest_marker("unit") and not item.get_closest_marker("cpp")
-    _spawned.append([])
-    try:
+    a fixture it sets up) is in the wrong tier and fails. Other tiers run unwatched."""
+    if not item.get_closest_marker("unit") or item.get_closest_marker("cpp"):
+        return (yield)
+    started = []
+    with _counting_spawns(started):
         result = yield
-    finally:
-        started = _spawned.pop()
-    if checked and started:
+    if started:
         raise AssertionError(f"{item.nodeid} is in the unit tier but started processes "
                              f"{started[:3]}: mark it with the tier it belongs to")
     return result
