@@ -1,11 +1,12 @@
-// Allreduces (blocking, async, grouped), blocking broadcasts, allgathers,
-// alltoalls and reducescatters of plain CPU tensors, synchronize and poll,
-// from eager Python, without the dispatcher. Calling
+// Every op with options (csrc/torch/kernels.h, forEachKernel) of plain CPU
+// tensors, synchronize and poll, from eager Python, without the dispatcher:
+// _C.eager_<op>(the op's arguments, in its schema's order). Calling
 // torch.ops.hvd_torch.allreduce_ from Python costs about 2 us before our
 // kernel runs (argument matching against the schema, the dispatch-key walk);
 // for a 4-byte allreduce that is as much as the collective itself. Where the
-// dispatcher would add nothing, these call the same kernel directly.
-// Anything else (a tensor subclass, a tensor needing autograd or carrying
+// dispatcher would add nothing, these call the same runner directly, one
+// generic entry per runner that parses the arguments into the op's options
+// through their field list (csrc/core/op_options.h). Anything else (a tensor subclass, a tensor needing autograd or carrying
 // conjugate/negative bits, tracing, a dispatch or torch-function mode,
 // inference mode) returns Python's NotImplemented ("not taken", every entry
 // alike) and hvd_torch/ops.py calls the torch op. torch.compile never gets
@@ -19,7 +20,17 @@
 #include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/extension.h>
 
+#include <deque>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
 #include "../torch/adapter.h"
+#include "../torch/kernels.h"
+#include "../torch/op_call.h"
 
 pybind11::object synchronizeAny(int64_t handle);  // handles.cpp
 
@@ -49,10 +60,6 @@ const at::Tensor* plainTensor(PyObject* obj) {
   return &t;
 }
 
-const at::Tensor* plainCpuTensor(pybind11::handle obj) {
-  return plainThreadState() ? plainTensor(obj.ptr()) : nullptr;
-}
-
 // The members of a list or tuple, borrowed: no reference count changes. A
 // copied at::Tensor whose count goes from 1 to 2 increfs its Python object,
 // and the copy's end decrefs it under a GIL acquire: about 50 ns a member,
@@ -61,9 +68,9 @@ const at::Tensor* plainCpuTensor(pybind11::handle obj) {
 // while we wait without the GIL.
 class PlainMembers {
  public:
-  // Empty when some member (or the thread's state) is not plain.
+  // Empty when some member is not plain (the caller checked the thread's state).
   explicit PlainMembers(pybind11::handle seq) {
-    if (!plainThreadState() || !(PyList_Check(seq.ptr()) || PyTuple_Check(seq.ptr()))) return;
+    if (!(PyList_Check(seq.ptr()) || PyTuple_Check(seq.ptr()))) return;
     snapshot_ = pybind11::reinterpret_steal<pybind11::object>(PySequence_Tuple(seq.ptr()));
     if (!snapshot_) throw pybind11::error_already_set();
     const Py_ssize_t n = PyTuple_GET_SIZE(snapshot_.ptr());
@@ -96,41 +103,176 @@ class PlainMembers {
   bool taken_ = false;
 };
 
-// The allreduce_ op; None once done.
-pybind11::object allreduceInPlace(pybind11::handle obj, const std::string& name, int64_t op,
-                                  double prescale, double postscale, int64_t process_set) {
-  HANDLE_TH_ERRORS
-  const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return notTaken();
-  hvd::torch_layer::allreduceBlocking(*t, true, name, op, prescale, postscale, process_set);
-  return pybind11::none();
-  END_HANDLE_TH_ERRORS_PYBIND
+// ---- arguments: Python objects -> runner inputs and options. Anything
+// unexpected is "not taken": the torch op then parses it and says what is wrong.
+
+bool fromPython(PyObject* obj, std::string& out) {
+  if (!PyUnicode_Check(obj)) return false;
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(obj, &size);
+  if (utf8 == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  out.assign(utf8, static_cast<size_t>(size));
+  return true;
 }
 
-// The allreduce op; its result.
-pybind11::object allreduce(pybind11::handle obj, const std::string& name, int64_t op,
-                           double prescale, double postscale, int64_t process_set) {
-  HANDLE_TH_ERRORS
-  const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return notTaken();
-  return pybind11::cast(
-      hvd::torch_layer::allreduceBlocking(*t, false, name, op, prescale, postscale, process_set));
-  END_HANDLE_TH_ERRORS_PYBIND
+bool fromPython(PyObject* obj, double& out) {
+  if (PyFloat_CheckExact(obj)) {
+    out = PyFloat_AS_DOUBLE(obj);
+    return true;
+  }
+  if (!PyLong_CheckExact(obj)) return false;
+  out = PyLong_AsDouble(obj);
+  if (out == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
 }
 
-// The allreduce_async / allreduce_async_ ops; the handle. The in-place
-// kernel's version bump, as allreduceAsyncInPlace.
-pybind11::object allreduceAsync(pybind11::handle obj, bool in_place, const std::string& name,
-                                int64_t op, double prescale, double postscale,
-                                int64_t process_set) {
+// An int of the member's range (an IntEnum's too; not a bool).
+template <class Limit>
+bool intFromPython(PyObject* obj, int64_t& out) {
+  if (!PyLong_Check(obj) || PyBool_Check(obj)) return false;
+  int overflow = 0;
+  out = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (out == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return overflow == 0 && out >= std::numeric_limits<Limit>::min() &&
+         out <= std::numeric_limits<Limit>::max();
+}
+
+bool fromPython(PyObject* obj, int32_t& out) {
+  int64_t v = 0;
+  if (!intFromPython<int32_t>(obj, v)) return false;
+  out = static_cast<int32_t>(v);
+  return true;
+}
+
+bool fromPython(PyObject* obj, hvd::ReduceOp& out) {
+  int64_t v = 0;
+  if (!intFromPython<std::underlying_type_t<hvd::ReduceOp>>(obj, v)) return false;
+  out = static_cast<hvd::ReduceOp>(v);
+  return true;
+}
+
+// The options from the arguments after the inputs, in schema order; missing
+// trailing ones keep their defaults, which are the schema's (checkOpSchemas).
+template <class Options>
+bool optionsFromPython(PyObject* const* args, Py_ssize_t n, Options& o) {
+  Py_ssize_t i = 0;
+  bool ok = true;
+  hvd::fields(o, [&](const char*, auto& member) {
+    if (ok && i < n) ok = fromPython(args[i++], member);
+  });
+  return ok && i == n;
+}
+
+// A runner's input from its Python object; taken() false: not plain.
+template <class In>
+struct PyInput;
+
+template <>
+struct PyInput<const at::Tensor&> {
+  explicit PyInput(PyObject* obj) : t(plainTensor(obj)) {}
+  bool taken() const { return t != nullptr; }
+  const at::Tensor& get() const { return *t; }
+  const at::Tensor* t;
+};
+
+template <>
+struct PyInput<at::TensorList> {
+  explicit PyInput(PyObject* obj) : members(obj) {}
+  bool taken() const { return members.taken(); }
+  at::TensorList get() const { return members.tensors(); }
+  PlainMembers members;
+};
+
+template <>
+struct PyInput<const c10::optional<at::Tensor>&> {
+  explicit PyInput(PyObject* obj) {
+    if (obj == Py_None) return;
+    const at::Tensor* s = plainTensor(obj);
+    if (s == nullptr) {
+      plain = false;
+      return;
+    }
+    t = *s;
+  }
+  bool taken() const { return plain; }
+  const c10::optional<at::Tensor>& get() const { return t; }
+  c10::optional<at::Tensor> t;
+  bool plain = true;
+};
+
+// ---- results -> Python (new references)
+
+PyObject* toPython(at::Tensor&& t) { return THPVariable_Wrap(std::move(t)); }
+PyObject* toPython(int64_t v) { return PyLong_FromLongLong(v); }
+
+PyObject* toPython(std::tuple<at::Tensor, at::Tensor>&& r) {
+  return pybind11::cast(std::move(r)).release().ptr();
+}
+
+PyObject* toPython(std::vector<at::Tensor>&& ts) {
+  return pybind11::cast(std::move(ts)).release().ptr();
+}
+
+PyObject* toPython(std::vector<int64_t>&& vs) {
+  return pybind11::cast(std::move(vs)).release().ptr();
+}
+
+// ---- the one entry, per runner (hvd::torch_layer::forEachKernel)
+
+template <auto F>
+constexpr bool isAlltoall() {
+  using Alltoall = decltype(&hvd::torch_layer::kernel::alltoall);
+  if constexpr (std::is_same<decltype(F), Alltoall>::value) {
+    return F == &hvd::torch_layer::kernel::alltoall;
+  } else {
+    return false;
+  }
+}
+
+template <auto F, size_t... I>
+PyObject* runEager(PyObject* const* args, Py_ssize_t nargs, std::index_sequence<I...>) {
+  using T = hvd::torch_layer::RunnerTraits<decltype(F)>;
+  constexpr Py_ssize_t kInputs = static_cast<Py_ssize_t>(T::kInputs);
+  if (nargs < kInputs || !plainThreadState()) return notTaken().release().ptr();
+  const std::tuple<PyInput<typename T::template Input<I>>...> inputs{args[I]...};
+  if (!(std::get<I>(inputs).taken() && ...)) return notTaken().release().ptr();
+  typename T::Options options;
+  if (!optionsFromPython(args + kInputs, nargs - kInputs, options)) {
+    return notTaken().release().ptr();
+  }
+  if constexpr (isAlltoall<F>()) {
+    // Without splits the caller returns the output alone: the rows received
+    // from each rank are not made.
+    if (!std::get<1>(inputs).get().has_value()) {
+      return toPython(hvd::torch_layer::kernel::alltoallOutput(std::get<0>(inputs).get(), options));
+    }
+  }
+  if constexpr (std::is_void<typename T::Result>::value) {
+    F(std::get<I>(inputs).get()..., options);
+    Py_RETURN_NONE;
+  } else {
+    return toPython(F(std::get<I>(inputs).get()..., options));
+  }
+}
+
+// eager_<op>(inputs..., options...): the op's arguments in its schema's order
+// (trailing ones may be left out for their defaults); the op's result, None
+// for an in-place op, or NotImplemented when not taken.
+template <auto F>
+PyObject* eager(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return notTaken();
-  const int64_t handle =
-      hvd::torch_layer::submitAllreduce(*t, in_place, name, op, prescale, postscale, process_set);
-  if (in_place) hvd::torch_layer::bumpVersion(*t);
-  return pybind11::int_(handle);
-  END_HANDLE_TH_ERRORS_PYBIND
+  return runEager<F>(args, nargs,
+                     std::make_index_sequence<hvd::torch_layer::RunnerTraits<decltype(F)>::kInputs>{});
+  END_HANDLE_TH_ERRORS
 }
 
 // synchronize() of an engine handle of any kind (the synchronize,
@@ -150,106 +292,24 @@ bool pollAsync(int64_t handle) {
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-// The broadcast_ op; None once done.
-pybind11::object broadcastInPlace(pybind11::handle obj, int64_t root_rank,
-                                  const std::string& name, int64_t process_set) {
-  HANDLE_TH_ERRORS
-  const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return notTaken();
-  hvd::torch_layer::broadcastBlocking(*t, true, root_rank, name, process_set);
-  return pybind11::none();
-  END_HANDLE_TH_ERRORS_PYBIND
-}
-
-// The broadcast op; its result.
-pybind11::object broadcast(pybind11::handle obj, int64_t root_rank, const std::string& name,
-                           int64_t process_set) {
-  HANDLE_TH_ERRORS
-  const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return notTaken();
-  return pybind11::cast(
-      hvd::torch_layer::broadcastBlocking(*t, false, root_rank, name, process_set));
-  END_HANDLE_TH_ERRORS_PYBIND
-}
-
-// The allgather op; its result.
-pybind11::object allgather(pybind11::handle obj, const std::string& name, int64_t process_set) {
-  HANDLE_TH_ERRORS
-  const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return notTaken();
-  return pybind11::cast(hvd::torch_layer::allgatherBlocking(*t, name, process_set));
-  END_HANDLE_TH_ERRORS_PYBIND
-}
-
-// The alltoall op: (output, received splits), or the output alone without
-// splits (the caller returns nothing else, so the rows received from each
-// rank are not made). `splits`: None or a plain tensor.
-pybind11::object alltoall(pybind11::handle obj, pybind11::handle splits, const std::string& name,
-                          int64_t process_set) {
-  HANDLE_TH_ERRORS
-  const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return notTaken();
-  c10::optional<at::Tensor> split_rows;
-  if (!splits.is_none()) {
-    const at::Tensor* s = plainTensor(splits.ptr());
-    if (s == nullptr) return notTaken();
-    split_rows = *s;
-  } else {
-    return pybind11::cast(std::get<0>(
-        hvd::torch_layer::alltoallBlocking(*t, split_rows, name, process_set, false)));
-  }
-  return pybind11::cast(hvd::torch_layer::alltoallBlocking(*t, split_rows, name, process_set));
-  END_HANDLE_TH_ERRORS_PYBIND
-}
-
-// The reducescatter op; its result.
-pybind11::object reducescatter(pybind11::handle obj, const std::string& name, int64_t op,
-                               double prescale, double postscale, int64_t process_set) {
-  HANDLE_TH_ERRORS
-  const at::Tensor* t = plainCpuTensor(obj);
-  if (t == nullptr) return notTaken();
-  return pybind11::cast(hvd::torch_layer::reducescatterBlocking(*t, name, op, prescale,
-                                                                postscale, process_set));
-  END_HANDLE_TH_ERRORS_PYBIND
-}
-
-// The grouped_allreduce_ op; None once done.
-pybind11::object groupedAllreduceInPlace(pybind11::handle tensors, const std::string& name,
-                                         int64_t op, double prescale, double postscale,
-                                         int64_t process_set) {
-  HANDLE_TH_ERRORS
-  const PlainMembers members(tensors);
-  if (!members.taken()) return notTaken();
-  hvd::torch_layer::groupedAllreduceBlocking(members.tensors(), true, name, op, prescale,
-                                             postscale, process_set);
-  return pybind11::none();
-  END_HANDLE_TH_ERRORS_PYBIND
-}
-
-// The grouped_allreduce op; its results.
-pybind11::object groupedAllreduce(pybind11::handle tensors, const std::string& name, int64_t op,
-                                  double prescale, double postscale, int64_t process_set) {
-  HANDLE_TH_ERRORS
-  const PlainMembers members(tensors);
-  if (!members.taken()) return notTaken();
-  return pybind11::cast(hvd::torch_layer::groupedAllreduceBlocking(
-      members.tensors(), false, name, op, prescale, postscale, process_set));
-  END_HANDLE_TH_ERRORS_PYBIND
-}
-
 }  // namespace
 
 void registerEagerFastPath(pybind11::module& m) {
-  m.def("eager_allreduce_", &allreduceInPlace);
-  m.def("eager_allreduce", &allreduce);
-  m.def("eager_allreduce_async", &allreduceAsync);
+  // Raw METH_FASTCALL functions: pybind11's overload dispatch and casts cost
+  // more than the parsing here. The method definitions live as long as the
+  // module (Python keeps pointers to them).
+  static std::deque<PyMethodDef> defs;
+  static std::deque<std::string> names;
+  hvd::torch_layer::forEachKernel([&](const char* op, auto k) {
+    names.push_back(std::string("eager_") + op);
+    defs.push_back({names.back().c_str(),
+                    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
+                        &eager<decltype(k)::run>)),
+                    METH_FASTCALL, "The torch op's eager fast path (eager_fast_path.cpp)."});
+    PyObject* fn = PyCFunction_NewEx(&defs.back(), nullptr, m.attr("__name__").ptr());
+    if (fn == nullptr) throw pybind11::error_already_set();
+    m.add_object(names.back().c_str(), pybind11::reinterpret_steal<pybind11::object>(fn));
+  });
   m.def("eager_synchronize", &synchronizeAsync);
   m.def("eager_poll", &pollAsync);
-  m.def("eager_grouped_allreduce_", &groupedAllreduceInPlace);
-  m.def("eager_grouped_allreduce", &groupedAllreduce);
-  m.def("eager_broadcast_", &broadcastInPlace);
-  m.def("eager_broadcast", &broadcast);
-  m.def("eager_allgather", &allgather);
-  m.def("eager_alltoall", &alltoall);
-  m.def("eager_reducescatter", &reducescatter);
 }

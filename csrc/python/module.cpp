@@ -8,6 +8,7 @@
 #include "../core/log.h"
 #include "../torch/adapter.h"
 #include "../torch/device_io.h"
+#include "../torch/kernels.h"
 
 void registerEagerFastPath(pybind11::module& m);  // eager_fast_path.cpp
 void registerC10dBackend(pybind11::module& m);    // c10d_backend_module.cpp
@@ -51,6 +52,9 @@ void shutdown() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hvd_torch engine lifecycle and topology";
+  // Every schema registered (the extension's TORCH_LIBRARY blocks ran when it
+  // loaded): a schema and its options that disagree fail the import.
+  hvd::torch_layer::checkOpSchemas();
   registerEagerFastPath(m);
   registerC10dBackend(m);
   registerHandles(m);

@@ -306,81 +306,88 @@ int64_t enqueue(Engine& engine, Entry e, Pending p, bool wake = true,
 namespace {
 
 // An allreduce's op and scaling, as Horovod accepts them.
-void checkReduction(const char* what, const std::string& name, DataType dtype, int64_t op,
-                    double prescale, double postscale) {
-  TORCH_CHECK_VALUE(op == 0 || op == 1 || (op >= 3 && op <= 5), "hvd_torch.", what, " '", name,
-                    "': unsupported reduce op ", op,
+void checkReduction(const char* what, const std::string& name, DataType dtype,
+                    const Reduction& r) {
+  TORCH_CHECK_VALUE(r.op == ReduceOp::kAverage || r.op == ReduceOp::kSum ||
+                        r.op == ReduceOp::kMin || r.op == ReduceOp::kMax ||
+                        r.op == ReduceOp::kProduct,
+                    "hvd_torch.", what, " '", name, "': unsupported reduce op ",
+                    static_cast<int>(r.op),
                     " (Average=0, Sum=1, Min=3, Max=4, Product=5; Adasum=2 runs in eager Python only: ",
                     "hvd.allreduce and grouped_allreduce in all forms, and DistributedOptimizer)");
-  TORCH_CHECK_VALUE(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
+  TORCH_CHECK_VALUE(dtype != DataType::kBool || (r.op != ReduceOp::kAverage && r.prescale == 1.0 &&
+                                                 r.postscale == 1.0),
                     "hvd_torch.", what, " '", name,
                     "': bool tensors support Sum/Max (or) and Min/Product (and), without scaling");
 }
 
+// The negotiated part of a reduction, into the request.
+void setReduction(Request& q, const Reduction& r) {
+  q.reduce_op = r.op;
+  q.prescale = r.prescale;
+  q.postscale = r.postscale;
+}
+
 }  // namespace
 
-int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::string& user_name,
-                        int64_t op, double prescale, double postscale, int64_t process_set,
+int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const AllreduceOptions& o,
                         const GroupTag* group) {
   auto engine = requireEngine("allreduce");
-  const std::string name = opName("allreduce", user_name, process_set);
-  checkMember(*engine, process_set, "allreduce", name);
+  const std::string name = opName("allreduce", o.name, o.process_set);
+  checkMember(*engine, o.process_set, "allreduce", name);
   DataType dtype = toDataType(tensor, "allreduce", name);
-  checkReduction("allreduce", name, dtype, op, prescale, postscale);
+  checkReduction("allreduce", name, dtype, o.reduction);
   Entry e;
   Pending p;
-  e.request = baseRequest(OpType::kAllreduce, tensor, dtype, name, process_set, group);
-  e.request.reduce_op = static_cast<ReduceOp>(op);
-  e.request.prescale = prescale;
-  e.request.postscale = postscale;
+  e.request = baseRequest(OpType::kAllreduce, tensor, dtype, name, o.process_set, group);
+  setReduction(e.request, o.reduction);
   const EngineInput in = takeInput(tensor, dtype, "allreduce", name, e, p);
   bindSameShapeOutput(tensor, in, in_place, e, p);
   return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
 }
 
-int64_t submitAllgather(const at::Tensor& tensor, const std::string& user_name,
-                        int64_t process_set, const GroupTag* group, const at::Tensor& into) {
+int64_t submitAllgather(const at::Tensor& tensor, const AllgatherOptions& o,
+                        const GroupTag* group, const at::Tensor& into) {
   auto engine = requireEngine("allgather");
-  const std::string name = opName("allgather", user_name, process_set);
-  checkMember(*engine, process_set, "allgather", name);
+  const std::string name = opName("allgather", o.name, o.process_set);
+  checkMember(*engine, o.process_set, "allgather", name);
   DataType dtype = toDataType(tensor, "allgather", name);
   // A 0-d tensor gathers as one row per rank, like Horovod.
   const at::Tensor rows = tensor.dim() == 0 ? tensor.reshape({1}) : tensor;
   Entry e;
   Pending p;
-  e.request = baseRequest(OpType::kAllgather, rows, dtype, name, process_set, group);
+  e.request = baseRequest(OpType::kAllgather, rows, dtype, name, o.process_set, group);
   bindRowsOutput(takeInput(rows, dtype, "allgather", name, e, p), e, p, into);
   return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
 }
 
-int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
-                        const std::string& user_name, int64_t process_set) {
+int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, const BroadcastOptions& o) {
   auto engine = requireEngine("broadcast");
-  const std::string name = opName("broadcast", user_name, process_set);
-  const std::vector<int> members = requireMember(*engine, process_set, "broadcast", name);
+  const std::string name = opName("broadcast", o.name, o.process_set);
+  const std::vector<int> members = requireMember(*engine, o.process_set, "broadcast", name);
+  const int32_t root_rank = o.root_rank;
   DataType dtype = toDataType(tensor, "broadcast", name);
   const int size = engine->topology().size;
   TORCH_CHECK_VALUE(root_rank >= 0 && root_rank < size, "hvd_torch.broadcast '", name, "': root_rank ",
               root_rank, " is out of range for ", size, " ranks");
   // Horovod's convention: root_rank is a global rank, which must be in the set.
-  TORCH_CHECK_VALUE(indexIn(members, static_cast<int>(root_rank)) >= 0, "hvd_torch.broadcast '", name,
-              "': root_rank ", root_rank, " is not in process set ", process_set, " (ranks ",
+  TORCH_CHECK_VALUE(indexIn(members, root_rank) >= 0, "hvd_torch.broadcast '", name,
+              "': root_rank ", root_rank, " is not in process set ", o.process_set, " (ranks ",
               rankList(members), ")");
   Entry e;
   Pending p;
-  e.request = baseRequest(OpType::kBroadcast, tensor, dtype, name, process_set);
-  e.request.root_rank = static_cast<int32_t>(root_rank);
+  e.request = baseRequest(OpType::kBroadcast, tensor, dtype, name, o.process_set);
+  e.request.root_rank = root_rank;
   const EngineInput in = takeInput(tensor, dtype, "broadcast", name, e, p);
   bindSameShapeOutput(tensor, in, in_place, e, p);
   return enqueue(*engine, std::move(e), std::move(p));
 }
 
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
-                       const std::string& user_name, int64_t process_set,
-                       const at::Tensor& into) {
+                       const AlltoallOptions& o, const at::Tensor& into) {
   auto engine = requireEngine("alltoall");
-  const std::string name = opName("alltoall", user_name, process_set);
-  const std::vector<int> members = requireMember(*engine, process_set, "alltoall", name);
+  const std::string name = opName("alltoall", o.name, o.process_set);
+  const std::vector<int> members = requireMember(*engine, o.process_set, "alltoall", name);
   DataType dtype = toDataType(tensor, "alltoall", name);
   TORCH_CHECK_VALUE(tensor.dim() >= 1, "hvd_torch.alltoall '", name,
               "': the tensor needs at least one dimension to split");
@@ -411,34 +418,34 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
   }
   Entry e;
   Pending p;
-  e.request = baseRequest(OpType::kAlltoall, tensor, dtype, name, process_set);
+  e.request = baseRequest(OpType::kAlltoall, tensor, dtype, name, o.process_set);
   e.request.send_splits = send;
   bindRowsOutput(takeInput(tensor, dtype, "alltoall", name, e, p), e, p, into);
   return enqueue(*engine, std::move(e), std::move(p), true, HandleKind::kAlltoall);
 }
 
-int64_t submitReducescatter(const at::Tensor& tensor, const std::string& user_name, int64_t op,
-                            double prescale, double postscale, int64_t process_set,
+int64_t submitReducescatter(const at::Tensor& tensor, const ReducescatterOptions& o,
                             const GroupTag* group, const at::Tensor& into) {
   auto engine = requireEngine("reducescatter");
-  const std::string name = opName("reducescatter", user_name, process_set);
-  const std::vector<int> members = requireMember(*engine, process_set, "reducescatter", name);
+  const std::string name = opName("reducescatter", o.name, o.process_set);
+  requireMember(*engine, o.process_set, "reducescatter", name);
   DataType dtype = toDataType(tensor, "reducescatter", name);
+  const Reduction& r = o.reduction;
   // Horovod refuses other ops (Adasum among them) with a RuntimeError.
-  if (op != 0 && op != 1) {
+  if (r.op != ReduceOp::kAverage && r.op != ReduceOp::kSum) {
     throw RefusedError(c10::str("hvd_torch.reducescatter '", name, "': unsupported reduce op ",
-                                op, " (Average=0 and Sum=1 are supported, as in Horovod)"));
+                                static_cast<int>(r.op),
+                                " (Average=0 and Sum=1 are supported, as in Horovod)"));
   }
   TORCH_CHECK_VALUE(tensor.dim() >= 1, "hvd_torch.reducescatter '", name,
               "': the tensor needs at least one dimension to scatter");
-  TORCH_CHECK_VALUE(dtype != DataType::kBool || (op != 0 && prescale == 1.0 && postscale == 1.0),
+  TORCH_CHECK_VALUE(dtype != DataType::kBool || (r.op != ReduceOp::kAverage && r.prescale == 1.0 &&
+                                                 r.postscale == 1.0),
               "hvd_torch.reducescatter '", name, "': bool tensors support Sum only, unscaled");
   Entry e;
   Pending p;
-  e.request = baseRequest(OpType::kReducescatter, tensor, dtype, name, process_set, group);
-  e.request.reduce_op = static_cast<ReduceOp>(op);
-  e.request.prescale = prescale;
-  e.request.postscale = postscale;
+  e.request = baseRequest(OpType::kReducescatter, tensor, dtype, name, o.process_set, group);
+  setReduction(e.request, r);
   bindRowsOutput(takeInput(tensor, dtype, "reducescatter", name, e, p), e, p, into);
   return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
 }
@@ -465,20 +472,18 @@ struct Bundle {
 // `caller_waits`: the caller holds `tensors` until the bundle completes, so
 // in-place members already contiguous need no handle, and no member needs a
 // reference to the caller's own tensor.
+// `group`: the bundle's name (opName's, for an unnamed group).
 Bundle enqueueBundle(Engine& engine, at::TensorList tensors, bool in_place,
-                     const std::string& group, int64_t op, double prescale, double postscale,
-                     int64_t process_set, bool caller_waits) {
+                     const std::string& group, const AllreduceOptions& o, bool caller_waits) {
   const char* what = "grouped_allreduce";
   const DataType dtype = toDataType(tensors[0], what, group);
-  checkReduction(what, group, dtype, op, prescale, postscale);
+  checkReduction(what, group, dtype, o.reduction);
   Entry e;
   e.request.type = OpType::kAllreduce;
   e.request.dtype = dtype;
   e.request.name = group;
-  e.request.process_set = static_cast<int32_t>(process_set);
-  e.request.reduce_op = static_cast<ReduceOp>(op);
-  e.request.prescale = prescale;
-  e.request.postscale = postscale;
+  e.request.process_set = o.process_set;
+  setReduction(e.request, o.reduction);
   std::vector<Pending> members;
   members.reserve(tensors.size());
   e.parts.reserve(tensors.size());
@@ -523,6 +528,8 @@ Bundle enqueueBundle(Engine& engine, at::TensorList tensors, bool in_place,
   return bundle;
 }
 
+enum class GroupedKind { kAllreduce, kAllgather, kReducescatter };
+
 const char* groupedWhat(GroupedKind kind) {
   return kind == GroupedKind::kAllgather       ? "grouped_allgather"
          : kind == GroupedKind::kReducescatter ? "grouped_reducescatter"
@@ -555,61 +562,69 @@ std::shared_ptr<Engine> checkGroup(GroupedKind kind, at::TensorList tensors,
   return engine;
 }
 
-}  // namespace
-
-std::vector<int64_t> submitGroup(GroupedKind kind, at::TensorList tensors,
-                                 const std::string& name, int64_t op, double prescale,
-                                 double postscale, int64_t process_set) {
+// A group's members, each submitted by `submit(tensor, member's options,
+// group tag)` with the group's options under the member's name.
+template <class Options, class Submit>
+std::vector<int64_t> submitMembers(GroupedKind kind, at::TensorList tensors, const Options& o,
+                                   Submit submit) {
   const char* what = groupedWhat(kind);
-  auto engine = checkGroup(kind, tensors, name, process_set);
-  if ((kind == GroupedKind::kAllreduce || kind == GroupedKind::kAllreduceInPlace) &&
-      bundles(tensors)) {
-    Bundle bundle = enqueueBundle(*engine, tensors, kind == GroupedKind::kAllreduceInPlace,
-                                  opName(what, name, process_set), op, prescale, postscale,
-                                  process_set, false);
-    std::vector<int64_t> handles;
-    for (Pending& p : bundle.members)
-      handles.push_back(addHandle(std::move(p), HandleKind::kSingle, false));
-    return handles;
-  }
-  GroupTag group{opName(what, name, process_set), static_cast<int32_t>(tensors.size())};
+  auto engine = checkGroup(kind, tensors, o.name, o.process_set);
+  GroupTag group{opName(what, o.name, o.process_set), static_cast<int32_t>(tensors.size())};
   std::vector<int64_t> handles;
   // Members are queued without waking the engine; one wake-up takes them all.
   struct WakeAtEnd {
     Engine& engine;
     ~WakeAtEnd() { engine.wake(); }
   } wake_at_end{*engine};
+  Options member = o;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::string member = name.empty() ? "" : name + "." + std::to_string(i);
-    switch (kind) {
-      case GroupedKind::kAllreduce:
-      case GroupedKind::kAllreduceInPlace:
-        handles.push_back(submitAllreduce(tensors[i], kind == GroupedKind::kAllreduceInPlace,
-                                          member, op, prescale, postscale, process_set, &group));
-        break;
-      case GroupedKind::kAllgather:
-        handles.push_back(submitAllgather(tensors[i], member, process_set, &group));
-        break;
-      case GroupedKind::kReducescatter:
-        handles.push_back(submitReducescatter(tensors[i], member, op, prescale, postscale,
-                                              process_set, &group));
-        break;
-    }
+    member.name = o.name.empty() ? "" : o.name + "." + std::to_string(i);
+    handles.push_back(submit(tensors[i], member, &group));
   }
   return handles;
 }
 
-c10::optional<std::vector<at::Tensor>> runBundle(at::TensorList tensors,
-                                                 bool in_place, const std::string& name,
-                                                 int64_t op, double prescale, double postscale,
-                                                 int64_t process_set) {
+}  // namespace
+
+std::vector<int64_t> submitGroup(at::TensorList tensors, bool in_place,
+                                 const AllreduceOptions& o) {
+  if (bundles(tensors)) {
+    const char* what = groupedWhat(GroupedKind::kAllreduce);
+    auto engine = checkGroup(GroupedKind::kAllreduce, tensors, o.name, o.process_set);
+    Bundle bundle = enqueueBundle(*engine, tensors, in_place,
+                                  opName(what, o.name, o.process_set), o, false);
+    std::vector<int64_t> handles;
+    for (Pending& p : bundle.members)
+      handles.push_back(addHandle(std::move(p), HandleKind::kSingle, false));
+    return handles;
+  }
+  return submitMembers(GroupedKind::kAllreduce, tensors, o,
+                       [in_place](const at::Tensor& t, const AllreduceOptions& member,
+                                  const GroupTag* group) {
+                         return submitAllreduce(t, in_place, member, group);
+                       });
+}
+
+std::vector<int64_t> submitGroup(at::TensorList tensors, const AllgatherOptions& o) {
+  return submitMembers(GroupedKind::kAllgather, tensors, o,
+                       [](const at::Tensor& t, const AllgatherOptions& member,
+                          const GroupTag* group) { return submitAllgather(t, member, group); });
+}
+
+std::vector<int64_t> submitGroup(at::TensorList tensors, const ReducescatterOptions& o) {
+  return submitMembers(GroupedKind::kReducescatter, tensors, o,
+                       [](const at::Tensor& t, const ReducescatterOptions& member,
+                          const GroupTag* group) { return submitReducescatter(t, member, group); });
+}
+
+c10::optional<std::vector<at::Tensor>> runBundle(at::TensorList tensors, bool in_place,
+                                                 const AllreduceOptions& o) {
   if (!bundles(tensors)) return c10::nullopt;
-  auto engine = checkGroup(GroupedKind::kAllreduce, tensors, name, process_set);
+  auto engine = checkGroup(GroupedKind::kAllreduce, tensors, o.name, o.process_set);
   Bundle bundle = [&] {
     SubmitThenWait drives;
     return enqueueBundle(*engine, tensors, in_place,
-                         opName("grouped_allreduce", name, process_set), op, prescale,
-                         postscale, process_set, true);
+                         opName("grouped_allreduce", o.name, o.process_set), o, true);
   }();
   waitWork(engine.get(), *bundle.work, engine->config().caller_spin);
   if (in_place) {  // members holds only the non-contiguous ones; the results are in `tensors`

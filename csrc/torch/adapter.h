@@ -11,6 +11,7 @@
 #include <string>
 
 #include "../core/engine.h"
+#include "../core/op_options.h"
 #include "handle_table.h"
 
 namespace pybind11 {
@@ -112,71 +113,44 @@ struct SubmitThenWait {
 // ops do (the dispatcher does not for a custom op), so that autograd refuses
 // a saved tensor we overwrote instead of computing a wrong gradient.
 void bumpVersion(const at::Tensor& t);
-// The blocking allreduce, broadcast, allgather, alltoall and reducescatter
-// kernels (kernels.cpp), for the eager fast path.
-at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std::string& name,
-                             int64_t op, double prescale, double postscale, int64_t process_set);
-at::Tensor broadcastBlocking(const at::Tensor& tensor, bool in_place, int64_t root_rank,
-                             const std::string& name, int64_t process_set);
-at::Tensor allgatherBlocking(const at::Tensor& tensor, const std::string& name,
-                             int64_t process_set);
-// `with_received` false: the second tensor (rows received from each rank) is
-// left undefined, for a caller that gave no splits and returns only the output.
-std::tuple<at::Tensor, at::Tensor> alltoallBlocking(const at::Tensor& tensor,
-                                                    const c10::optional<at::Tensor>& splits,
-                                                    const std::string& name,
-                                                    int64_t process_set,
-                                                    bool with_received = true);
-at::Tensor reducescatterBlocking(const at::Tensor& tensor, const std::string& name, int64_t op,
-                                 double prescale, double postscale, int64_t process_set);
-std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in_place,
-                                                 const std::string& name, int64_t op,
-                                                 double prescale, double postscale,
-                                                 int64_t process_set);
-
 // Membership of a grouped op: negotiated and run with the group's other members.
 struct GroupTag {
   std::string name;
   int32_t size = 0;
 };
 
-// Submission of each kind; return the handle.
-int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const std::string& name,
-                        int64_t op, double prescale, double postscale, int64_t process_set,
+// Submission of each kind; return the handle. Each takes its op's options
+// (op_options.h) as the caller built them; `name` "" gets an unnamed op's name.
+int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const AllreduceOptions& options,
                         const GroupTag* group = nullptr);
 // `into` (allgather, reducescatter, alltoall): a contiguous host tensor of the
 // input's dtype that the engine writes the result into when the result has
 // exactly its number of elements (the c10d backend's caller-given outputs);
 // otherwise, or undefined, the engine allocates the output.
-int64_t submitAllgather(const at::Tensor& tensor, const std::string& name, int64_t process_set,
+int64_t submitAllgather(const at::Tensor& tensor, const AllgatherOptions& options,
                         const GroupTag* group = nullptr, const at::Tensor& into = at::Tensor());
-int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, int64_t root_rank,
-                        const std::string& name, int64_t process_set);
+int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, const BroadcastOptions& options);
 // name: "" for an unnamed op's name (barrier.noname.<n>).
 int64_t submitBarrier(int64_t process_set, const std::string& name = "");
 // join(): blocks until every rank has joined; returns the last rank to join.
 int64_t joinAndWait();
-int64_t submitReducescatter(const at::Tensor& tensor, const std::string& name, int64_t op,
-                            double prescale, double postscale, int64_t process_set,
+int64_t submitReducescatter(const at::Tensor& tensor, const ReducescatterOptions& options,
                             const GroupTag* group = nullptr, const at::Tensor& into = at::Tensor());
 
 // Grouped submission: member i is named "<name>.<i>" (or gets an unnamed op's
 // name); returns one handle per member.
-enum class GroupedKind { kAllreduce, kAllreduceInPlace, kAllgather, kReducescatter };
-std::vector<int64_t> submitGroup(GroupedKind kind, at::TensorList tensors,
-                                 const std::string& name, int64_t op, double prescale,
-                                 double postscale, int64_t process_set);
+std::vector<int64_t> submitGroup(at::TensorList tensors, bool in_place,
+                                 const AllreduceOptions& options);
+std::vector<int64_t> submitGroup(at::TensorList tensors, const AllgatherOptions& options);
+std::vector<int64_t> submitGroup(at::TensorList tensors, const ReducescatterOptions& options);
 // A grouped allreduce of CPU tensors of one dtype runs as one op (a bundle);
 // this runs it and waits, without handles (in place: returns no tensors, the
 // results are in `tensors`). nullopt: the group does not bundle.
-c10::optional<std::vector<at::Tensor>> runBundle(at::TensorList tensors,
-                                                 bool in_place, const std::string& name,
-                                                 int64_t op, double prescale, double postscale,
-                                                 int64_t process_set);
+c10::optional<std::vector<at::Tensor>> runBundle(at::TensorList tensors, bool in_place,
+                                                 const AllreduceOptions& options);
 // splits: rows to send to each rank (undefined: an even split). The handle's
 // kind is kAlltoall.
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
-                       const std::string& name, int64_t process_set,
-                       const at::Tensor& into = at::Tensor());
+                       const AlltoallOptions& options, const at::Tensor& into = at::Tensor());
 }  // namespace torch_layer
 }  // namespace hvd

@@ -179,11 +179,6 @@ class Completer {
   std::shared_ptr<State> state_;
 };
 
-// Our reduce op (Horovod's numbering) and prescale factor for a c10d ReduceOp.
-struct Reduction {
-  int64_t op;
-  double prescale;
-};
 
 const char* reduceOpName(c10d::ReduceOp::RedOpType op) {
   switch (op) {
@@ -200,10 +195,11 @@ const char* reduceOpName(c10d::ReduceOp::RedOpType op) {
   }
 }
 
+// Our reduction (Horovod's op, a prescale factor) for a c10d ReduceOp.
 Reduction reduction(const c10d::ReduceOp& r, const char* what, bool sum_or_average_only) {
   switch (r.op_) {
-    case c10d::ReduceOp::SUM: return {1, 1.0};
-    case c10d::ReduceOp::AVG: return {0, 1.0};
+    case c10d::ReduceOp::SUM: return {ReduceOp::kSum};
+    case c10d::ReduceOp::AVG: return {ReduceOp::kAverage};
     case c10d::ReduceOp::PREMUL_SUM: {
       // NCCLPreMulSumSupplement: torch 2.11's name, an alias of PreMulSumSupplement since.
       auto* factor = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(r.supplement_.get());
@@ -211,15 +207,15 @@ Reduction reduction(const c10d::ReduceOp& r, const char* what, bool sum_or_avera
       const double f = factor->tensor_factor.defined()
                            ? factor->tensor_factor.to(at::kCPU, at::kDouble).item<double>()
                            : factor->double_factor;
-      return {1, f};
+      return {ReduceOp::kSum, f};
     }
     default: break;
   }
   if (!sum_or_average_only) {
     switch (r.op_) {
-      case c10d::ReduceOp::MIN: return {3, 1.0};
-      case c10d::ReduceOp::MAX: return {4, 1.0};
-      case c10d::ReduceOp::PRODUCT: return {5, 1.0};
+      case c10d::ReduceOp::MIN: return {ReduceOp::kMin};
+      case c10d::ReduceOp::MAX: return {ReduceOp::kMax};
+      case c10d::ReduceOp::PRODUCT: return {ReduceOp::kProduct};
       default: break;
     }
   }
@@ -228,7 +224,7 @@ Reduction reduction(const c10d::ReduceOp& r, const char* what, bool sum_or_avera
                               sum_or_average_only ? "SUM, AVG, PREMUL_SUM"
                                                   : "SUM, AVG, MIN, MAX, PRODUCT, PREMUL_SUM",
                               ")");
-  return {1, 1.0};  // not reached
+  return {};  // not reached
 }
 
 class HvdBackend : public c10d::Backend {
@@ -251,8 +247,8 @@ class HvdBackend : public c10d::Backend {
     const std::string name = nextName();
     return refusingOnError(name, [&] {
       at::Tensor t = single(tensors, what);
-      const Reduction red = reduction(opts.reduceOp, what, false);
-      const int64_t h = submitAllreduce(t, true, name, red.op, red.prescale, 1.0, process_set_);
+      const int64_t h =
+          submitAllreduce(t, true, reducing<AllreduceOptions>(name, opts.reduceOp, what, false));
       return launch(c10d::OpType::ALLREDUCE, t.device(), {t}, [h] { waitHandle(h); });
     });
   }
@@ -269,17 +265,14 @@ class HvdBackend : public c10d::Backend {
                           ": every tensor must have one dtype, got ", tensors[0].scalar_type(),
                           " and ", t.scalar_type());
       }
-      const Reduction red = reduction(opts.reduceOp, what, false);
+      const auto options = reducing<AllreduceOptions>(name, opts.reduceOp, what, false);
       if (tensors.size() == 1) {
-        const int64_t h =
-            submitAllreduce(tensors[0], true, name, red.op, red.prescale, 1.0, process_set_);
+        const int64_t h = submitAllreduce(tensors[0], true, options);
         return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors[0].device(), tensors,
                       [h] { waitHandle(h); });
       }
       // Tensors of one dtype: one engine op (a bundle), named `name`.
-      std::vector<int64_t> handles =
-          submitGroup(GroupedKind::kAllreduceInPlace, tensors, name, red.op, red.prescale, 1.0,
-                      process_set_);
+      std::vector<int64_t> handles = submitGroup(tensors, true, options);
       for (const auto& t : tensors) bumpVersion(t);
       return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors[0].device(), tensors, [handles] {
         for (int64_t h : handles) waitHandle(h);
@@ -294,7 +287,9 @@ class HvdBackend : public c10d::Backend {
     return refusingOnError(name, [&] {
       at::Tensor t = single(tensors, what);
       const int64_t root = globalRank(opts.rootRank, what);
-      const int64_t h = submitBroadcast(t, true, root, name, process_set_);
+      auto options = named<BroadcastOptions>(name);
+      options.root_rank = static_cast<int32_t>(root);
+      const int64_t h = submitBroadcast(t, true, options);
       return launch(c10d::OpType::BROADCAST, t.device(), {t}, [h] { waitHandle(h); });
     });
   }
@@ -306,12 +301,11 @@ class HvdBackend : public c10d::Backend {
     return refusingOnError(name, [&] {
       at::Tensor t = single(tensors, what);
       globalRank(opts.rootRank, what);
-      const Reduction red = reduction(opts.reduceOp, what, false);
+      const auto options = reducing<AllreduceOptions>(name, opts.reduceOp, what, false);
       // The root reduces in place; the others into a copy, so their tensor is unchanged.
       const bool root = opts.rootRank == getRank();
       at::Tensor target = root ? t : t.clone();
-      const int64_t h =
-          submitAllreduce(target, true, name, red.op, red.prescale, 1.0, process_set_);
+      const int64_t h = submitAllreduce(target, true, options);
       return launch(c10d::OpType::REDUCE, t.device(), {t}, [h, target] { waitHandle(h); });
     });
   }
@@ -330,7 +324,7 @@ class HvdBackend : public c10d::Backend {
       for (const auto& o : outs) checkOutput(o, in, what);
       // Flattened, so ranks may gather tensors of different shapes (each
       // output says what its rank sends).
-      const int64_t h = submitAllgather(in.reshape({-1}), name, process_set_);
+      const int64_t h = submitAllgather(in.reshape({-1}), named<AllgatherOptions>(name));
       return launch(c10d::OpType::ALLGATHER, in.device(), outs, [h, outs, name] {
         Pending p;
         at::Tensor gathered = waitHandle(h, &p);
@@ -350,7 +344,8 @@ class HvdBackend : public c10d::Backend {
                         ": the output has ", output.numel(), " elements, expected the input's ",
                         input.numel(), " times ", getSize(), " ranks");
       const int64_t h =
-          submitAllgather(input.reshape({-1}), name, process_set_, nullptr, into(output, input));
+          submitAllgather(input.reshape({-1}), named<AllgatherOptions>(name), nullptr,
+                          into(output, input));
       at::Tensor out = output;
       return launch(c10d::OpType::_ALLGATHER_BASE, input.device(), {output}, [h, out, name] {
         at::Tensor gathered = waitHandle(h);
@@ -394,7 +389,7 @@ class HvdBackend : public c10d::Backend {
       }
       // Every rank receives every input (an allgather): gather moves more bytes
       // than it needs to, and is correct.
-      const int64_t h = submitAllgather(in.reshape({-1}), name, process_set_);
+      const int64_t h = submitAllgather(in.reshape({-1}), named<AllgatherOptions>(name));
       return launch(c10d::OpType::GATHER, in.device(), outs, [h, outs, name, root] {
         Pending p;
         at::Tensor gathered = waitHandle(h, &p);
@@ -432,7 +427,8 @@ class HvdBackend : public c10d::Backend {
                           what, ": only the root (rank ", opts.rootRank, ") passes inputs");
         send = at::empty({0}, out.options());
       }
-      const int64_t h = submitAlltoall(send, at::tensor(splits, at::kLong), name, process_set_);
+      const int64_t h =
+          submitAlltoall(send, at::tensor(splits, at::kLong), named<AlltoallOptions>(name));
       return launch(c10d::OpType::SCATTER, out.device(), {out}, [h, out, name] {
         auto received = waitAlltoall(h);
         copyFlat(std::get<0>(received), out, "scatter", name);
@@ -509,7 +505,8 @@ class HvdBackend : public c10d::Backend {
           " ranks");
       c10::optional<at::Tensor> splits;
       if (!input_splits.empty()) splits = at::tensor(input_splits, at::kLong);
-      const int64_t h = submitAlltoall(input, splits, name, process_set_, into(output, input));
+      const int64_t h =
+          submitAlltoall(input, splits, named<AlltoallOptions>(name), into(output, input));
       at::Tensor out = output;
       std::vector<int64_t> expected = output_splits;
       const c10::Device device = input.device();
@@ -551,7 +548,7 @@ class HvdBackend : public c10d::Backend {
       }
       for (const auto& o : outputs) checkOutput(o, inputs[0], what);
       const int64_t h =
-          submitAlltoall(at::cat(flat), at::tensor(splits, at::kLong), name, process_set_);
+          submitAlltoall(at::cat(flat), at::tensor(splits, at::kLong), named<AlltoallOptions>(name));
       std::vector<at::Tensor> outs = outputs;
       return launch(c10d::OpType::ALLTOALL, inputs[0].device(), outs, [h, outs, name] {
         auto received = waitAlltoall(h);
@@ -701,6 +698,24 @@ class HvdBackend : public c10d::Backend {
                       " beside one on ", in.device(), " (every tensor of a call on one device)");
   }
 
+  // The options of one of this group's ops: its name, our process set.
+  template <class Options>
+  Options named(const std::string& name) const {
+    Options o;
+    o.name = name;
+    o.process_set = static_cast<int32_t>(process_set_);
+    return o;
+  }
+
+  // And the reduction for c10d's op (reduction()).
+  template <class Options>
+  Options reducing(const std::string& name, const c10d::ReduceOp& op, const char* what,
+                   bool sum_or_average_only) const {
+    Options o = named<Options>(name);
+    o.reduction = reduction(op, what, sum_or_average_only);
+    return o;
+  }
+
   int64_t globalRank(int64_t group_rank, const char* what) const {
     TORCH_CHECK_VALUE(group_rank >= 0 && group_rank < getSize(), kPrefix, what, ": root rank ",
                       group_rank, " is not in [0, ", getSize(), ")");
@@ -711,11 +726,10 @@ class HvdBackend : public c10d::Backend {
                                                    const c10d::ReduceScatterOptions& opts,
                                                    const char* what, const std::string& name,
                                                    c10d::OpType type) {
-    const Reduction red = reduction(opts.reduceOp, what, true);
     // One row per rank: Horovod's split gives rank i row i.
     const int64_t h =
-        submitReducescatter(rows, name, red.op, red.prescale, 1.0, process_set_, nullptr,
-                            into(output, rows));
+        submitReducescatter(rows, reducing<ReducescatterOptions>(name, opts.reduceOp, what, true),
+                            nullptr, into(output, rows));
     at::Tensor out = output;
     std::string op = what;
     return launch(type, output.device(), {output}, [h, out, op, name] {

@@ -1,9 +1,12 @@
 // The kernels: submit to the engine and, for the blocking forms, wait. One
 // set serves CPU and CUDA tensors (the adapter picks the data plane from the
 // tensor's device), registered under both dispatch keys.
+#include "kernels.h"
+
 #include <torch/library.h>
 
 #include "adapter.h"
+#include "op_call.h"
 
 namespace hvd {
 namespace torch_layer {
@@ -17,127 +20,152 @@ int64_t submitToWait(Submit submit) {
   return submit();
 }
 
-at::Tensor allreduce(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
-                     double post, int64_t ps) {
-  return allreduceBlocking(t, false, std::string(name), op, pre, post, ps);
-}
-
-void allreduceInPlace(at::Tensor& t, c10::string_view name, int64_t op, double pre, double post,
-                      int64_t ps) {
-  allreduceBlocking(t, true, std::string(name), op, pre, post, ps);
-}
-
-int64_t allreduceAsync(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
-                       double post, int64_t ps) {
-  return submitAllreduce(t, false, std::string(name), op, pre, post, ps);
-}
-
-int64_t allreduceAsyncInPlace(at::Tensor& t, c10::string_view name, int64_t op, double pre,
-                              double post, int64_t ps) {
-  const int64_t handle = submitAllreduce(t, true, std::string(name), op, pre, post, ps);
-  bumpVersion(t);
-  return handle;
-}
-
-at::Tensor allgather(const at::Tensor& t, c10::string_view name, int64_t ps) {
-  return allgatherBlocking(t, std::string(name), ps);
-}
-
-int64_t allgatherAsync(const at::Tensor& t, c10::string_view name, int64_t ps) {
-  return submitAllgather(t, std::string(name), ps);
-}
-
-at::Tensor broadcast(const at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
-  return broadcastBlocking(t, false, root, std::string(name), ps);
-}
-
-void broadcastInPlace(at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
-  broadcastBlocking(t, true, root, std::string(name), ps);
-}
-
-int64_t broadcastAsync(const at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
-  return submitBroadcast(t, false, root, std::string(name), ps);
-}
-
-int64_t broadcastAsyncInPlace(at::Tensor& t, int64_t root, c10::string_view name, int64_t ps) {
-  const int64_t handle = submitBroadcast(t, true, root, std::string(name), ps);
-  bumpVersion(t);
-  return handle;
-}
-
-std::tuple<at::Tensor, at::Tensor> alltoall(const at::Tensor& t,
-                                            const c10::optional<at::Tensor>& splits,
-                                            c10::string_view name, int64_t ps) {
-  return alltoallBlocking(t, splits, std::string(name), ps);
-}
-
-int64_t alltoallAsync(const at::Tensor& t, const c10::optional<at::Tensor>& splits,
-                      c10::string_view name, int64_t ps) {
-  return submitAlltoall(t, splits, std::string(name), ps);
-}
-
-std::tuple<at::Tensor, at::Tensor> synchronizeAlltoall(int64_t handle) {
-  return waitAlltoall(handle);
-}
-
-at::Tensor reducescatter(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
-                         double post, int64_t ps) {
-  return reducescatterBlocking(t, std::string(name), op, pre, post, ps);
-}
-
-int64_t reducescatterAsync(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
-                           double post, int64_t ps) {
-  return submitReducescatter(t, std::string(name), op, pre, post, ps);
-}
-
 // A blocking grouped op: its members as one group handle, every member
 // waited for, then the first error raised (handles.cc).
 std::vector<at::Tensor> waitAll(const std::vector<int64_t>& handles) {
   return waitAny(groupHandles(handles)).members;
 }
 
-std::vector<at::Tensor> groupedAllreduce(at::TensorList ts, c10::string_view name, int64_t op,
-                                         double pre, double post, int64_t ps) {
-  return groupedAllreduceBlocking(ts, false, std::string(name), op, pre, post, ps);
+at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const AllreduceOptions& o) {
+  at::Tensor out = waitHandle(submitToWait([&] { return submitAllreduce(tensor, in_place, o); }));
+  if (in_place) bumpVersion(tensor);
+  return out;
 }
 
-void groupedAllreduceInPlace(at::TensorList ts, c10::string_view name, int64_t op, double pre,
-                             double post, int64_t ps) {
-  groupedAllreduceBlocking(ts, true, std::string(name), op, pre, post, ps);
+at::Tensor broadcastBlocking(const at::Tensor& tensor, bool in_place, const BroadcastOptions& o) {
+  at::Tensor out = waitHandle(submitToWait([&] { return submitBroadcast(tensor, in_place, o); }));
+  if (in_place) bumpVersion(tensor);
+  return out;
 }
 
-std::vector<int64_t> groupedAllreduceAsync(at::TensorList ts, c10::string_view name, int64_t op,
-                                           double pre, double post, int64_t ps) {
-  return submitGroup(GroupedKind::kAllreduce, ts, std::string(name), op, pre, post, ps);
+// `with_received` false: the second tensor (rows received from each rank) is
+// left undefined.
+std::tuple<at::Tensor, at::Tensor> alltoallBlocking(const at::Tensor& tensor,
+                                                    const c10::optional<at::Tensor>& splits,
+                                                    const AlltoallOptions& o,
+                                                    bool with_received) {
+  const int64_t handle = submitToWait([&] { return submitAlltoall(tensor, splits, o); });
+  if (!with_received) return {waitHandle(handle), at::Tensor()};
+  return waitAlltoall(handle);
 }
 
-std::vector<int64_t> groupedAllreduceAsyncInPlace(at::TensorList ts, c10::string_view name,
-                                                  int64_t op, double pre, double post,
-                                                  int64_t ps) {
-  auto handles = submitGroup(GroupedKind::kAllreduceInPlace, ts, std::string(name), op, pre,
-                             post, ps);
+std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in_place,
+                                                 const AllreduceOptions& o) {
+  auto out = runBundle(tensors, in_place, o);
+  if (!out) out = waitAll(submitGroup(tensors, in_place, o));
+  if (in_place)
+    for (const auto& t : tensors) bumpVersion(t);
+  return std::move(*out);
+}
+
+}  // namespace
+
+namespace kernel {
+
+at::Tensor allreduce(const at::Tensor& t, const AllreduceOptions& o) {
+  return allreduceBlocking(t, false, o);
+}
+
+void allreduceInPlace(const at::Tensor& t, const AllreduceOptions& o) {
+  allreduceBlocking(t, true, o);
+}
+
+int64_t allreduceAsync(const at::Tensor& t, const AllreduceOptions& o) {
+  return submitAllreduce(t, false, o);
+}
+
+int64_t allreduceAsyncInPlace(const at::Tensor& t, const AllreduceOptions& o) {
+  const int64_t handle = submitAllreduce(t, true, o);
+  bumpVersion(t);
+  return handle;
+}
+
+at::Tensor allgather(const at::Tensor& t, const AllgatherOptions& o) {
+  return waitHandle(submitToWait([&] { return submitAllgather(t, o); }));
+}
+
+int64_t allgatherAsync(const at::Tensor& t, const AllgatherOptions& o) {
+  return submitAllgather(t, o);
+}
+
+at::Tensor broadcast(const at::Tensor& t, const BroadcastOptions& o) {
+  return broadcastBlocking(t, false, o);
+}
+
+void broadcastInPlace(const at::Tensor& t, const BroadcastOptions& o) {
+  broadcastBlocking(t, true, o);
+}
+
+int64_t broadcastAsync(const at::Tensor& t, const BroadcastOptions& o) {
+  return submitBroadcast(t, false, o);
+}
+
+int64_t broadcastAsyncInPlace(const at::Tensor& t, const BroadcastOptions& o) {
+  const int64_t handle = submitBroadcast(t, true, o);
+  bumpVersion(t);
+  return handle;
+}
+
+std::tuple<at::Tensor, at::Tensor> alltoall(const at::Tensor& t,
+                                            const c10::optional<at::Tensor>& splits,
+                                            const AlltoallOptions& o) {
+  return alltoallBlocking(t, splits, o, true);
+}
+
+at::Tensor alltoallOutput(const at::Tensor& t, const AlltoallOptions& o) {
+  return std::get<0>(alltoallBlocking(t, c10::nullopt, o, false));
+}
+
+int64_t alltoallAsync(const at::Tensor& t, const c10::optional<at::Tensor>& splits,
+                      const AlltoallOptions& o) {
+  return submitAlltoall(t, splits, o);
+}
+
+at::Tensor reducescatter(const at::Tensor& t, const ReducescatterOptions& o) {
+  return waitHandle(submitToWait([&] { return submitReducescatter(t, o); }));
+}
+
+int64_t reducescatterAsync(const at::Tensor& t, const ReducescatterOptions& o) {
+  return submitReducescatter(t, o);
+}
+
+std::vector<at::Tensor> groupedAllreduce(at::TensorList ts, const AllreduceOptions& o) {
+  return groupedAllreduceBlocking(ts, false, o);
+}
+
+void groupedAllreduceInPlace(at::TensorList ts, const AllreduceOptions& o) {
+  groupedAllreduceBlocking(ts, true, o);
+}
+
+std::vector<int64_t> groupedAllreduceAsync(at::TensorList ts, const AllreduceOptions& o) {
+  return submitGroup(ts, false, o);
+}
+
+std::vector<int64_t> groupedAllreduceAsyncInPlace(at::TensorList ts, const AllreduceOptions& o) {
+  auto handles = submitGroup(ts, true, o);
   for (const auto& t : ts) bumpVersion(t);
   return handles;
 }
 
-std::vector<at::Tensor> groupedAllgather(at::TensorList ts, c10::string_view name, int64_t ps) {
-  return waitAll(submitGroup(GroupedKind::kAllgather, ts, std::string(name), 0, 1.0, 1.0, ps));
+std::vector<at::Tensor> groupedAllgather(at::TensorList ts, const AllgatherOptions& o) {
+  return waitAll(submitGroup(ts, o));
 }
 
-std::vector<int64_t> groupedAllgatherAsync(at::TensorList ts, c10::string_view name, int64_t ps) {
-  return submitGroup(GroupedKind::kAllgather, ts, std::string(name), 0, 1.0, 1.0, ps);
+std::vector<int64_t> groupedAllgatherAsync(at::TensorList ts, const AllgatherOptions& o) {
+  return submitGroup(ts, o);
 }
 
-std::vector<at::Tensor> groupedReducescatter(at::TensorList ts, c10::string_view name,
-                                             int64_t op, double pre, double post, int64_t ps) {
-  return waitAll(submitGroup(GroupedKind::kReducescatter, ts, std::string(name), op, pre,
-                             post, ps));
+std::vector<at::Tensor> groupedReducescatter(at::TensorList ts, const ReducescatterOptions& o) {
+  return waitAll(submitGroup(ts, o));
 }
 
-std::vector<int64_t> groupedReducescatterAsync(at::TensorList ts, c10::string_view name,
-                                               int64_t op, double pre, double post, int64_t ps) {
-  return submitGroup(GroupedKind::kReducescatter, ts, std::string(name), op, pre, post, ps);
+std::vector<int64_t> groupedReducescatterAsync(at::TensorList ts, const ReducescatterOptions& o) {
+  return submitGroup(ts, o);
 }
+
+}  // namespace kernel
+
+namespace {
 
 at::Tensor barrier(int64_t ps) {
   return waitHandle(submitToWait([&] { return submitBarrier(ps); }));
@@ -152,84 +180,24 @@ bool poll(int64_t handle) { return pollHandle(handle); }
 
 at::Tensor synchronize(int64_t handle) { return waitHandle(handle); }
 
+std::tuple<at::Tensor, at::Tensor> synchronizeAlltoall(int64_t handle) {
+  return waitAlltoall(handle);
+}
+
+// Boxed: the dispatcher hands its stack to the runner as it is (no unboxing
+// into C++ arguments and back); op_call.h reads the options off it.
 void registerTensorKernels(torch::Library& m) {
-  m.impl("allreduce", allreduce);
-  m.impl("allreduce_", allreduceInPlace);
-  m.impl("allreduce_async", allreduceAsync);
-  m.impl("allreduce_async_", allreduceAsyncInPlace);
-  m.impl("allgather", allgather);
-  m.impl("allgather_async", allgatherAsync);
-  m.impl("broadcast", broadcast);
-  m.impl("broadcast_", broadcastInPlace);
-  m.impl("broadcast_async", broadcastAsync);
-  m.impl("broadcast_async_", broadcastAsyncInPlace);
-  m.impl("alltoall", alltoall);
-  m.impl("reducescatter", reducescatter);
-  m.impl("reducescatter_async", reducescatterAsync);
-  m.impl("grouped_allreduce", groupedAllreduce);
-  m.impl("grouped_allreduce_", groupedAllreduceInPlace);
-  m.impl("grouped_allreduce_async", groupedAllreduceAsync);
-  m.impl("grouped_allreduce_async_", groupedAllreduceAsyncInPlace);
-  m.impl("grouped_allgather", groupedAllgather);
-  m.impl("grouped_allgather_async", groupedAllgatherAsync);
-  m.impl("grouped_reducescatter", groupedReducescatter);
-  m.impl("grouped_reducescatter_async", groupedReducescatterAsync);
-  m.impl("alltoall_async", alltoallAsync);
+  forEachKernel([&](const char* name, auto k) { m.impl(name, boxed<decltype(k)::run>()); });
 }
 
 }  // namespace
 
-at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std::string& name,
-                             int64_t op, double prescale, double postscale, int64_t process_set) {
-  at::Tensor out = waitHandle(submitToWait([&] {
-    return submitAllreduce(tensor, in_place, name, op, prescale, postscale, process_set);
-  }));
-  if (in_place) bumpVersion(tensor);
-  return out;
-}
-
-at::Tensor broadcastBlocking(const at::Tensor& tensor, bool in_place, int64_t root_rank,
-                             const std::string& name, int64_t process_set) {
-  at::Tensor out = waitHandle(submitToWait(
-      [&] { return submitBroadcast(tensor, in_place, root_rank, name, process_set); }));
-  if (in_place) bumpVersion(tensor);
-  return out;
-}
-
-at::Tensor allgatherBlocking(const at::Tensor& tensor, const std::string& name,
-                             int64_t process_set) {
-  return waitHandle(submitToWait([&] { return submitAllgather(tensor, name, process_set); }));
-}
-
-std::tuple<at::Tensor, at::Tensor> alltoallBlocking(const at::Tensor& tensor,
-                                                    const c10::optional<at::Tensor>& splits,
-                                                    const std::string& name,
-                                                    int64_t process_set, bool with_received) {
-  const int64_t handle =
-      submitToWait([&] { return submitAlltoall(tensor, splits, name, process_set); });
-  if (!with_received) return {waitHandle(handle), at::Tensor()};
-  return waitAlltoall(handle);
-}
-
-at::Tensor reducescatterBlocking(const at::Tensor& tensor, const std::string& name, int64_t op,
-                                 double prescale, double postscale, int64_t process_set) {
-  return waitHandle(submitToWait([&] {
-    return submitReducescatter(tensor, name, op, prescale, postscale, process_set);
-  }));
-}
-
-std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in_place,
-                                                 const std::string& name, int64_t op,
-                                                 double prescale, double postscale,
-                                                 int64_t process_set) {
-  auto out = runBundle(tensors, in_place, name, op, prescale, postscale, process_set);
-  if (!out) {
-    out = waitAll(submitGroup(in_place ? GroupedKind::kAllreduceInPlace : GroupedKind::kAllreduce,
-                              tensors, name, op, prescale, postscale, process_set));
-  }
-  if (in_place)
-    for (const auto& t : tensors) bumpVersion(t);
-  return std::move(*out);
+void checkOpSchemas() {
+  forEachKernel([](const char* name, auto k) {
+    const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
+        (std::string("hvd_torch::") + name).c_str(), "");
+    checkSchema<decltype(k)::run>(op.schema());
+  });
 }
 
 TORCH_LIBRARY_IMPL(hvd_torch, CPU, m) { registerTensorKernels(m); }

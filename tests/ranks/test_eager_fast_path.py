@@ -163,7 +163,7 @@ def _async_paths_and_results():
             return func(*a, **(kw or {}))
 
     def handle_of(t, name):  # the eager path's handle, or "not taken" (nothing submitted)
-        h = _C.eager_allreduce_async(t, True, name, *args)
+        h = _C.eager_allreduce_async_(t, name, *args)
         if h is not NotImplemented:
             hvd.synchronize(h)
         return _outcome(h)
@@ -395,3 +395,72 @@ def test_alltoall_and_reducescatter_fast_paths_match_the_torch_ops(nranks):
         assert res["reducescatter_avg_fp16"] == [v / n for v in mine], res
         assert res["reducescatter_grad"] is True, res
         assert res["errors"][0] is not None and res["errors"][0] == res["errors"][1], res
+
+
+def _tensor_ops():
+    """Every hvd_torch op whose first argument is a tensor or a list of them."""
+    import hvd_torch  # noqa: F401  (registers the ops)
+
+    ops = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if name.startswith("hvd_torch::"):
+            op = name.split("::")[1]
+            first = getattr(torch.ops.hvd_torch, op).default._schema.arguments[0]
+            if str(first.type) in ("Tensor", "List[Tensor]"):
+                ops.append(op)
+    return sorted(ops)
+
+
+@pytest.mark.unit
+def test_every_tensor_op_has_an_eager_entry():
+    """One entry per op, made from the kernels' table (csrc/torch/kernels.h)."""
+    from hvd_torch import _C
+
+    ops = _tensor_ops()
+    assert "allreduce_async_" in ops and "grouped_reducescatter_async" in ops, ops
+    assert [op for op in ops if not hasattr(_C, "eager_" + op)] == []
+
+
+def _entries_take_the_schema_arguments():
+    import hvd_torch as hvd
+    from hvd_torch import _C
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    x = torch.full((2 * n, 1), float(r + 1))
+    res = {}
+    # Trailing arguments left out take the schema's defaults (Average, unnamed, global set).
+    res["defaults"] = _C.eager_allreduce(x).flatten().tolist()
+    h = _C.eager_allreduce_async_(x.clone(), "e.async_", 1)
+    res["async_"] = hvd.synchronize(h).flatten().tolist()
+    h = _C.eager_broadcast_async(x, n - 1, "e.bcast_async")
+    res["broadcast_async"] = hvd.synchronize(h).flatten().tolist()
+    hs = _C.eager_grouped_reducescatter_async([x, 2 * x], "e.grs", 1, 1.0, 1.0, 0)
+    res["grouped_reducescatter_async"] = [hvd.synchronize(h).flatten().tolist() for h in hs]
+    # Anything the entry does not parse is not taken; the torch op then says what is wrong.
+    res["name_none"] = _outcome(_C.eager_allreduce(x, None))
+    res["op_float"] = _outcome(_C.eager_allreduce(x, "e.f", 1.0))
+    res["too_many"] = _outcome(_C.eager_allreduce(x, "e.m", 1, 1.0, 1.0, 0, 0))
+    big = 2 ** 32  # must not wrap to the global set
+    res["set_out_of_range"] = _outcome(_C.eager_allreduce(x, "e.big", 1, 1.0, 1.0, big))
+    res["set_error"] = _error_of(lambda: torch.ops.hvd_torch.allreduce(x, "e.big", 1, 1.0, 1.0,
+                                                                       big))
+    res["op_error"] = _error_of(lambda: torch.ops.hvd_torch.allreduce(x, "e.op", 300))
+    hvd.shutdown()
+    return res
+
+
+@pytest.mark.parametrize("nranks", [2])
+def test_entries_take_the_schema_arguments_and_defaults(nranks):
+    n = nranks
+    total = float(n * (n + 1) // 2)
+    for r, res in enumerate(run_ranks(_entries_take_the_schema_arguments, nranks, timeout=120)):
+        assert res["defaults"] == [total / n] * (2 * n), res
+        assert res["async_"] == [total] * (2 * n), res
+        assert res["broadcast_async"] == [float(n)] * (2 * n), res
+        assert res["grouped_reducescatter_async"] == [[total] * 2, [2 * total] * 2], res
+        for case in ("name_none", "op_float", "too_many", "set_out_of_range"):
+            assert res[case] == "not taken", (case, res)
+        assert res["set_error"] == (
+            "ValueError", f"hvd_torch::allreduce: process_set_id {2 ** 32} is out of range"), res
+        assert res["op_error"] == ("ValueError", "hvd_torch::allreduce: op 300 is out of range"), res
