@@ -71,17 +71,26 @@ std::tuple<at::Tensor, at::Tensor> callAlltoall(const at::Tensor& t,
   return {std::move(out[0]).toTensor(), std::move(out[1]).toTensor()};
 }
 
-// The forward's options, saved as one value; a gradient's op is unnamed.
+// The forward's options, saved as one value for backward, when a backward
+// can run (forward runs with grad mode off, so an input that requires grad is
+// the sign); a gradient's op is unnamed.
 template <class Options>
-void save(AutogradContext* ctx, const Options& o) {
-  ctx->saved_data["options"] = packOptions(o);
+void save(AutogradContext* ctx, const Options& o, bool backward_may_run) {
+  if (!backward_may_run) return;
+  Options unnamed = o;
+  unnamed.name.clear();
+  ctx->saved_data["options"] = packOptions(unnamed);
 }
 
 template <class Options>
 Options saved(AutogradContext* ctx) {
-  Options o = unpackOptions<Options>(ctx->saved_data["options"]);
-  o.name.clear();
-  return o;
+  return unpackOptions<Options>(ctx->saved_data["options"]);
+}
+
+bool anyRequiresGrad(at::TensorList ts) {
+  for (const auto& t : ts)
+    if (t.requires_grad()) return true;
+  return false;
 }
 
 // A gradient op's options: unnamed, over `process_set`, Average and unscaled.
@@ -108,7 +117,7 @@ class AllreduceFunction : public torch::autograd::Function<AllreduceFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& t,
                             const AllreduceOptions& o) {
-    save(ctx, o);
+    save(ctx, o, t.requires_grad());
     at::AutoDispatchBelowADInplaceOrView guard;
     return callOne(ops().allreduce, t, o);
   }
@@ -123,7 +132,7 @@ class AllgatherFunction : public torch::autograd::Function<AllgatherFunction> {
                             const AllgatherOptions& o) {
     ctx->saved_data["rows"] = t.dim() == 0 ? int64_t{1} : t.size(0);
     ctx->saved_data["scalar"] = t.dim() == 0;
-    save(ctx, o);
+    save(ctx, o, t.requires_grad());
     at::AutoDispatchBelowADInplaceOrView guard;
     return callOne(ops().allgather, t, o);
   }
@@ -146,7 +155,7 @@ class BroadcastFunction : public torch::autograd::Function<BroadcastFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& t,
                             const BroadcastOptions& o) {
-    save(ctx, o);
+    save(ctx, o, t.requires_grad());
     at::AutoDispatchBelowADInplaceOrView guard;
     return callOne(ops().broadcast, t, o);
   }
@@ -164,7 +173,7 @@ class ReducescatterFunction : public torch::autograd::Function<ReducescatterFunc
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& t,
                             const ReducescatterOptions& o) {
     ctx->saved_data["scale"] = reducescatterGradScale(o);
-    save(ctx, o);
+    save(ctx, o, t.requires_grad());
     at::AutoDispatchBelowADInplaceOrView guard;
     return callOne(ops().reducescatter, t, o);
   }
@@ -182,7 +191,7 @@ class GroupedAllreduceFunction : public torch::autograd::Function<GroupedAllredu
  public:
   static tensor_list forward(AutogradContext* ctx, at::TensorList ts,
                              const AllreduceOptions& o) {
-    save(ctx, o);
+    save(ctx, o, anyRequiresGrad(ts));
     at::AutoDispatchBelowADInplaceOrView guard;
     return callGrouped(ops().grouped_allreduce, ts, o);
   }
@@ -198,7 +207,7 @@ class GroupedReducescatterFunction
   static tensor_list forward(AutogradContext* ctx, at::TensorList ts,
                              const ReducescatterOptions& o) {
     ctx->saved_data["scale"] = reducescatterGradScale(o);
-    save(ctx, o);
+    save(ctx, o, anyRequiresGrad(ts));
     at::AutoDispatchBelowADInplaceOrView guard;
     return callGrouped(ops().grouped_reducescatter, ts, o);
   }
@@ -218,7 +227,7 @@ class GroupedAllgatherFunction : public torch::autograd::Function<GroupedAllgath
     std::vector<int64_t> rows;
     for (const auto& t : ts) rows.push_back(t.dim() == 0 ? 1 : t.size(0));
     ctx->saved_data["rows"] = rows;
-    save(ctx, o);
+    save(ctx, o, anyRequiresGrad(ts));
     at::AutoDispatchBelowADInplaceOrView guard;
     return callGrouped(ops().grouped_allgather, ts, o);
   }
@@ -245,7 +254,7 @@ class AlltoallFunction : public torch::autograd::Function<AlltoallFunction> {
  public:
   static tensor_list forward(AutogradContext* ctx, const at::Tensor& t,
                              const c10::optional<at::Tensor>& splits, const AlltoallOptions& o) {
-    save(ctx, o);
+    save(ctx, o, t.requires_grad());
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, received] = callAlltoall(t, splits, o);
     ctx->saved_data["received"] = received;
