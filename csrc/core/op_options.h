@@ -40,6 +40,10 @@ struct OpOptions {
 
 struct AllreduceOptions : OpOptions {
   Reduction reduction;
+  // Local to this rank, never negotiated: rank 0's (the rank whose timeline
+  // records) shows as a zero-length event of this name on the op's row when
+  // rank 0 submits it; "" shows nothing.
+  std::string timeline_label;
 };
 struct ReducescatterOptions : OpOptions {
   Reduction reduction;
@@ -66,7 +70,15 @@ auto fields(O& r, V&& v) -> IfOptions<O, Reduction> {
 }
 
 template <class O, class V>
-auto fields(O& o, V&& v) -> IfOptions<O, AllreduceOptions, ReducescatterOptions> {
+auto fields(O& o, V&& v) -> IfOptions<O, AllreduceOptions> {
+  v("name", o.name);
+  fields(o.reduction, v);
+  v("process_set_id", o.process_set);
+  v("timeline_label", o.timeline_label);
+}
+
+template <class O, class V>
+auto fields(O& o, V&& v) -> IfOptions<O, ReducescatterOptions> {
   v("name", o.name);
   fields(o.reduction, v);
   v("process_set_id", o.process_set);

@@ -55,6 +55,10 @@ PYBIND11_MODULE(_C, m) {
   // Every schema registered (the extension's TORCH_LIBRARY blocks ran when it
   // loaded): a schema and its options that disagree fail the import.
   hvd::torch_layer::checkOpSchemas();
+  m.def("options_mismatch", &hvd::torch_layer::optionsMismatch, pybind11::arg("op"),
+        pybind11::arg("schema"),
+        "Why the schema (text) would not fit op's options, '' when it fits (import check's "
+        "tests).");
   registerEagerFastPath(m);
   registerC10dBackend(m);
   registerHandles(m);

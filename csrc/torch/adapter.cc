@@ -328,6 +328,14 @@ void setReduction(Request& q, const Reduction& r) {
   q.postscale = r.postscale;
 }
 
+// The caller's label for an accepted op (AllreduceOptions::timeline_label):
+// a zero-length event on the op's row of the timeline, recorded from this
+// thread. Only rank 0's timeline records; other ranks' labels show nowhere.
+void markTimeline(Engine& engine, const std::string& label, const Request& q) {
+  if (label.empty() || !engine.timeline().active()) return;
+  engine.timeline().tick(timelineRow(q.process_set, q.type, q.name), label);
+}
+
 }  // namespace
 
 int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const AllreduceOptions& o,
@@ -343,6 +351,7 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const Allreduce
   setReduction(e.request, o.reduction);
   const EngineInput in = takeInput(tensor, dtype, "allreduce", name, e, p);
   bindSameShapeOutput(tensor, in, in_place, e, p);
+  markTimeline(*engine, o.timeline_label, e.request);
   return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
 }
 
@@ -516,6 +525,7 @@ Bundle enqueueBundle(Engine& engine, at::TensorList tensors, bool in_place,
   e.keep_alive = owned;
   // The last member's synchronize drops the inputs, holding the GIL (Pending::keep_alive).
   if (!caller_waits && !members.empty()) members.back().keep_alive = owned;
+  markTimeline(engine, o.timeline_label, e.request);
   Bundle bundle;
   try {
     e.request.single_use = singleUseName(e.request.name);

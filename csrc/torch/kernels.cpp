@@ -3,6 +3,7 @@
 // tensor's device), registered under both dispatch keys.
 #include "kernels.h"
 
+#include <torch/csrc/jit/frontend/function_schema_parser.h>
 #include <torch/library.h>
 
 #include "adapter.h"
@@ -192,12 +193,35 @@ void registerTensorKernels(torch::Library& m) {
 
 }  // namespace
 
+namespace {
+
+std::string mismatchOf(const std::string& op, const c10::FunctionSchema& schema) {
+  std::string why;
+  bool found = false;
+  forEachKernel([&](const char* name, auto k) {
+    if (op != name) return;
+    found = true;
+    why = schemaMismatch<decltype(k)::run>(schema);
+  });
+  TORCH_CHECK_VALUE(found, "hvd_torch: no kernel named ", op);
+  return why;
+}
+
+}  // namespace
+
 void checkOpSchemas() {
-  forEachKernel([](const char* name, auto k) {
+  forEachKernel([](const char* name, auto) {
     const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
         (std::string("hvd_torch::") + name).c_str(), "");
-    checkSchema<decltype(k)::run>(op.schema());
+    const std::string why = mismatchOf(name, op.schema());
+    TORCH_CHECK(why.empty(), "hvd_torch internal error (a bug in hvd-torch, please report it): ",
+                "the schema ", op.schema(), " and its options (csrc/core/op_options.h) disagree: ",
+                why);
   });
+}
+
+std::string optionsMismatch(const std::string& op, const std::string& schema) {
+  return mismatchOf(op, torch::jit::parseSchema(schema));
 }
 
 TORCH_LIBRARY_IMPL(hvd_torch, CPU, m) { registerTensorKernels(m); }

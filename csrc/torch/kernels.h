@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -85,10 +86,13 @@ void forEachKernel(V&& v) {
   v("alltoall_async", Kernel<&kernel::alltoallAsync>{});
 }
 
-// Holds every op of the table to its schema (op_call.h, checkSchema): throws
-// naming the first op whose schema and options disagree. hvd_torch's import
-// calls it, once every TORCH_LIBRARY block of the extension has run.
+// Holds every op of the table to its schema (op_call.h, schemaMismatch):
+// throws naming the first op whose schema and options disagree. hvd_torch's
+// import calls it, once every TORCH_LIBRARY block of the extension has run.
 void checkOpSchemas();
+// Why the schema `schema` (its text) would not fit the kernel of the table
+// named `op`; "" when it fits. For the tests of the import check.
+std::string optionsMismatch(const std::string& op, const std::string& schema);
 
 }  // namespace torch_layer
 }  // namespace hvd

@@ -6,10 +6,10 @@
 // Tensor and Tensor?), its options every argument after them, in schema order
 // (fields()). The CPU/CUDA kernels and the autograd kernels register runners
 // through boxedKernel<&run>; the eager entries (csrc/python/eager_fast_path.cpp)
-// call the same runners. checkSchema<&run>() holds a schema and its runner to
-// one another, argument by argument (name, type, default), both ways; hvd_torch
-// runs it for every op at import (checkOpSchemas, kernels.h), so a schema and
-// its options that drift apart fail there, not at a call.
+// call the same runners. schemaMismatch<&run>() holds a schema and its runner
+// to one another, argument by argument (name, type, default), both ways;
+// hvd_torch runs it for every op at import (checkOpSchemas, kernels.h), so a
+// schema and its options that drift apart fail there, not at a call.
 //
 // Everything here runs on the caller's thread and keeps no state.
 #pragma once
@@ -83,7 +83,8 @@ void pushOptions(torch::jit::Stack& stack, const Options& o) {
   fields(o, [&](const char*, const auto& member) { stack.emplace_back(toIValue(member)); });
 }
 
-// The options as one value (a tuple in field order), for autograd's saved data.
+// The options as one value (a tuple in field order, which compiled autograd
+// can hash), for autograd's saved data.
 template <class Options>
 c10::IValue packOptions(const Options& o) {
   std::vector<c10::IValue> values;
@@ -204,8 +205,6 @@ torch::jit::Stack callOp(const c10::OperatorHandle& op, const Options& o, In&&..
 
 // ---- the import-time check
 
-// Every schema argument from the runner's inputs on has the field of that
-// name, type and default at its position, and every field its argument.
 template <auto F, size_t... I>
 std::string schemaMismatch(const c10::FunctionSchema& schema, std::index_sequence<I...>) {
   using T = RunnerTraits<decltype(F)>;
@@ -236,12 +235,14 @@ std::string schemaMismatch(const c10::FunctionSchema& schema, std::index_sequenc
   return why;
 }
 
+// Why `schema` does not fit the runner F ("" when it does): its first
+// arguments must be the runner's inputs, and from there every argument has
+// the field of that name, type and default at its position, and every field
+// its argument.
 template <auto F>
-void checkSchema(const c10::FunctionSchema& schema) {
-  const std::string why = schemaMismatch<F>(
-      schema, std::make_index_sequence<RunnerTraits<decltype(F)>::kInputs>{});
-  TORCH_CHECK(why.empty(), "hvd_torch internal error (a bug in hvd-torch, please report it): ",
-              "the schema ", schema, " and its options (csrc/core/op_options.h) disagree: ", why);
+std::string schemaMismatch(const c10::FunctionSchema& schema) {
+  return schemaMismatch<F>(schema,
+                           std::make_index_sequence<RunnerTraits<decltype(F)>::kInputs>{});
 }
 
 }  // namespace torch_layer

@@ -17,14 +17,16 @@ TORCH_LIBRARY(hvd_torch, m) {
     m.def(torch::schema(schema, c10::AliasAnalysisKind::FROM_SCHEMA));
   };
   // op: Average=0, Sum=1, Min=3, Max=4, Product=5 (Horovod's numbering).
+  // timeline_label: this rank's label for the op on rank 0's timeline (kept
+  // local, never negotiated; csrc/core/op_options.h).
   def("allreduce(Tensor tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
-      "float postscale_factor=1.0, int process_set_id=0) -> Tensor");
+      "float postscale_factor=1.0, int process_set_id=0, str timeline_label=\"\") -> Tensor");
   defMutating("allreduce_(Tensor(a!) tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
-              "float postscale_factor=1.0, int process_set_id=0) -> ()");
+              "float postscale_factor=1.0, int process_set_id=0, str timeline_label=\"\") -> ()");
   def("allreduce_async(Tensor tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
-      "float postscale_factor=1.0, int process_set_id=0) -> int");
+      "float postscale_factor=1.0, int process_set_id=0, str timeline_label=\"\") -> int");
   defMutating("allreduce_async_(Tensor(a!) tensor, str name=\"\", int op=0, float prescale_factor=1.0, "
-      "float postscale_factor=1.0, int process_set_id=0) -> int");
+      "float postscale_factor=1.0, int process_set_id=0, str timeline_label=\"\") -> int");
   def("allgather(Tensor tensor, str name=\"\", int process_set_id=0) -> Tensor");
   def("allgather_async(Tensor tensor, str name=\"\", int process_set_id=0) -> int");
   def("broadcast(Tensor tensor, int root_rank=0, str name=\"\", int process_set_id=0) -> Tensor");
@@ -41,14 +43,16 @@ TORCH_LIBRARY(hvd_torch, m) {
   // Grouped forms: the members are negotiated and run as one unit (all or
   // none); member i is named "<name>.<i>".
   def("grouped_allreduce(Tensor[] tensors, str name=\"\", int op=0, float prescale_factor=1.0, "
-      "float postscale_factor=1.0, int process_set_id=0) -> Tensor[]");
+      "float postscale_factor=1.0, int process_set_id=0, str timeline_label=\"\") -> Tensor[]");
   defMutating("grouped_allreduce_(Tensor(a!)[] tensors, str name=\"\", int op=0, "
-              "float prescale_factor=1.0, float postscale_factor=1.0, int process_set_id=0) -> ()");
+              "float prescale_factor=1.0, float postscale_factor=1.0, int process_set_id=0, "
+              "str timeline_label=\"\") -> ()");
   def("grouped_allreduce_async(Tensor[] tensors, str name=\"\", int op=0, "
-      "float prescale_factor=1.0, float postscale_factor=1.0, int process_set_id=0) -> int[]");
+      "float prescale_factor=1.0, float postscale_factor=1.0, int process_set_id=0, "
+      "str timeline_label=\"\") -> int[]");
   defMutating("grouped_allreduce_async_(Tensor(a!)[] tensors, str name=\"\", int op=0, "
-              "float prescale_factor=1.0, float postscale_factor=1.0, int process_set_id=0) "
-              "-> int[]");
+              "float prescale_factor=1.0, float postscale_factor=1.0, int process_set_id=0, "
+              "str timeline_label=\"\") -> int[]");
   def("grouped_allgather(Tensor[] tensors, str name=\"\", int process_set_id=0) -> Tensor[]");
   def("grouped_allgather_async(Tensor[] tensors, str name=\"\", int process_set_id=0) -> int[]");
   def("grouped_reducescatter(Tensor[] tensors, str name=\"\", int op=0, "

@@ -43,12 +43,14 @@ O numbered() {
 TEST(every_kind_names_its_schema_arguments_in_order) {
   using L = std::vector<std::string>;
   const L reduce = {"name", "op", "prescale_factor", "postscale_factor", "process_set_id"};
-  CHECK(names<AllreduceOptions>() == reduce);
+  L allreduce = reduce;
+  allreduce.push_back("timeline_label");
+  CHECK(names<AllreduceOptions>() == allreduce);
   CHECK(names<ReducescatterOptions>() == reduce);
   CHECK(names<AllgatherOptions>() == (L{"name", "process_set_id"}));
   CHECK(names<BroadcastOptions>() == (L{"root_rank", "name", "process_set_id"}));
   CHECK(names<AlltoallOptions>() == (L{"name", "process_set_id"}));
-  CHECK_EQ(fieldCount<AllreduceOptions>(), 5);
+  CHECK_EQ(fieldCount<AllreduceOptions>(), 6);
   CHECK_EQ(fieldCount<BroadcastOptions>(), 3);
 }
 
@@ -59,6 +61,7 @@ TEST(fields_reach_the_members_they_name) {
   CHECK_EQ(a.reduction.prescale, 3.0);
   CHECK_EQ(a.reduction.postscale, 4.0);
   CHECK_EQ(a.process_set, 5);
+  CHECK_EQ(a.timeline_label, std::string("6"));
   const BroadcastOptions b = numbered<BroadcastOptions>();
   CHECK_EQ(b.root_rank, 1);
   CHECK_EQ(b.name, std::string("2"));
@@ -72,6 +75,7 @@ TEST(defaults_are_horovods) {
   CHECK_EQ(a.reduction.prescale, 1.0);
   CHECK_EQ(a.reduction.postscale, 1.0);
   CHECK_EQ(a.process_set, 0);
+  CHECK(a.timeline_label.empty());
   CHECK_EQ(BroadcastOptions().root_rank, 0);
 }
 

@@ -168,6 +168,41 @@ def test_start_and_stop_at_run_time(tmp_path):
     assert len(cycles) >= 2 and all(e["ph"] == "i" and e["s"] == "g" for e in cycles)
 
 
+def _labelled(workdir):
+    import hvd_torch as hvd
+    from hvd_torch import _C
+
+    hvd.init()
+    r = hvd.rank()
+    hvd.start_timeline(os.path.join(workdir, f"t{r}.json"))
+    x, ops = torch.ones(2), torch.ops.hvd_torch
+    # timeline_label, the allreduce schemas' last argument: each rank its own.
+    ops.allreduce(x, "lab.op", 1, 1.0, 1.0, 0, f"op by {r}")
+    taken = _C.eager_allreduce_(x.clone(), "lab.eager", 1, 1.0, 1.0, 0, f"eager by {r}")
+    ops.synchronize(ops.allreduce_async(x, "lab.async", 1, 1.0, 1.0, 0, f"async by {r}"))
+    ops.grouped_allreduce([x, x], "lab.bundle", 1, 1.0, 1.0, 0, f"bundle by {r}")
+    ops.grouped_allreduce([x, x.double()], "lab.group", 1, 1.0, 1.0, 0, f"group by {r}")
+    ops.allreduce(x, "lab.none", 1)
+    hvd.stop_timeline()
+    hvd.shutdown()
+    return taken
+
+
+def test_rank_0s_timeline_label_marks_its_ops_row(tmp_path):
+    """A label is rank 0's own: a zero-length event on the op's row, on every path
+    (the dispatcher, the eager entry, async, a bundle, a group's members)."""
+    assert run_ranks(_labelled, 2, args=(str(tmp_path),), timeout=90) == [None, None]
+    rows = _rows(json.loads((tmp_path / "t0.json").read_text()))
+    expected = {"allreduce.lab.op": "op by 0", "allreduce.lab.eager": "eager by 0",
+                "allreduce.lab.async": "async by 0", "allreduce.lab.bundle": "bundle by 0",
+                "allreduce.lab.group.0": "group by 0", "allreduce.lab.group.1": "group by 0",
+                "allreduce.lab.none": None}
+    for row, label in expected.items():
+        ticks = [e["name"] for e in rows[row] if e["ph"] == "X"]
+        assert ticks.count(label) == (label is not None), (row, ticks)
+        assert sorted(t for t in ticks if t != label) == ["0", "1"], (row, ticks)
+
+
 def test_hvdrun_timeline_flags(tmp_path):
     """hvdrun --timeline-filename/--timeline-mark-cycles reach the ranks (relative path
     resolved against hvdrun's directory)."""
