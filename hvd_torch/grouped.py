@@ -81,7 +81,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     outs = _adasum(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
     if outs is not None:
         return adasum.Handle(outs)
-    return _group(_call(None, _ops.grouped_allreduce_async, list(tensors), name or "",
+    return _group(_call(_C.eager_grouped_allreduce_async, _ops.grouped_allreduce_async,
+                        list(tensors), name or "",
                         *_args(average, op, prescale_factor, postscale_factor, process_set)))
 
 
@@ -90,18 +91,20 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                              postscale_factor=1.0, process_set=global_process_set):
     if _adasum_into(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
         return adasum.Handle(list(tensors))
-    return _group(_call(None, _ops.grouped_allreduce_async_, list(tensors), name or "",
+    return _group(_call(_C.eager_grouped_allreduce_async_, _ops.grouped_allreduce_async_,
+                        list(tensors), name or "",
                         *_args(average, op, prescale_factor, postscale_factor, process_set)))
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgathers every tensor in `tensors` as one unit; returns the list of results."""
-    return _call(None, _ops.grouped_allgather, list(tensors), name or "", _ps(process_set))
+    return _call(_C.eager_grouped_allgather, _ops.grouped_allgather, list(tensors), name or "",
+                 _ps(process_set))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    return _group(_call(None, _ops.grouped_allgather_async, list(tensors), name or "",
-                        _ps(process_set)))
+    return _group(_call(_C.eager_grouped_allgather_async, _ops.grouped_allgather_async,
+                        list(tensors), name or "", _ps(process_set)))
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
@@ -109,12 +112,14 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
                           postscale_factor=1.0):
     """Reducescatters every tensor in `tensors` as one unit; returns the list of results."""
     compressed = [compression.compress(t) for t in tensors]
-    outs = _call(None, _ops.grouped_reducescatter, [c for c, _ in compressed], name or "", op,
-                 float(prescale_factor), float(postscale_factor), _ps(process_set))
+    outs = _call(_C.eager_grouped_reducescatter, _ops.grouped_reducescatter,
+                 [c for c, _ in compressed], name or "", op, float(prescale_factor),
+                 float(postscale_factor), _ps(process_set))
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    return _group(_call(None, _ops.grouped_reducescatter_async, list(tensors), name or "", op,
-                        float(prescale_factor), float(postscale_factor), _ps(process_set)))
+    return _group(_call(_C.eager_grouped_reducescatter_async, _ops.grouped_reducescatter_async,
+                        list(tensors), name or "", op, float(prescale_factor),
+                        float(postscale_factor), _ps(process_set)))

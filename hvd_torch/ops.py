@@ -13,7 +13,7 @@ from hvd_torch import _C
 from hvd_torch import adasum
 from hvd_torch.basics import Adasum, Average, Sum
 from hvd_torch.compression import Compression
-from hvd_torch.error_translation import PeerFailure, horovod_internal_error, translate_errors
+from hvd_torch.error_translation import translate_errors
 from hvd_torch.handles import Handle, synchronize_through_ops
 from hvd_torch.op_call import call as _call
 from hvd_torch.process_sets import global_process_set, process_set_id
@@ -46,6 +46,7 @@ _eager_allreduce_ = _C.eager_allreduce_
 _no_compression = Compression.none
 # The async allreduces, synchronize and poll: the calls of every training step.
 _eager_allreduce_async = _C.eager_allreduce_async
+_eager_allreduce_async_ = _C.eager_allreduce_async_
 _eager_synchronize = _C.eager_synchronize
 _eager_poll = _C.eager_poll
 _eager_broadcast = _C.eager_broadcast
@@ -56,37 +57,33 @@ _eager_reducescatter = _C.eager_reducescatter
 
 
 def _allreduce_async(tensor, in_place, average, name, op, prescale_factor, postscale_factor,
-                     process_set):
+                     process_set, timeline_label):
     if op is None or average is not None:
         op = _resolve_op(average, op)
     if op == Adasum:
         result = adasum.allreduce(tensor, name, float(prescale_factor), float(postscale_factor),
                                   process_set)
         return adasum.Handle(tensor.copy_(result) if in_place else result)
-    name, pre, post, ps = name or "", float(prescale_factor), float(postscale_factor), \
-        process_set._id()
-    try:
-        handle = NotImplemented if _is_compiling() else _eager_allreduce_async(
-            tensor, in_place, name, op, pre, post, ps)
-        if handle is NotImplemented:
-            handle = (_ops.allreduce_async_ if in_place else _ops.allreduce_async)(
-                tensor, name, op, pre, post, ps)
-    except PeerFailure as e:
-        raise horovod_internal_error(e) from None
-    return handle
+    eager, torch_op = ((_eager_allreduce_async_, _ops.allreduce_async_) if in_place else
+                       (_eager_allreduce_async, _ops.allreduce_async))
+    return _call(eager, torch_op, tensor, name or "", op, float(prescale_factor),
+                 float(postscale_factor), process_set._id(), timeline_label or "")
 
 
+# timeline_label (not in Horovod): a label of rank 0's own that its timeline
+# shows on the op's row (docs/toolbox.md, "Timeline"); other ranks' go nowhere.
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0, process_set=global_process_set):
+                    postscale_factor=1.0, process_set=global_process_set, timeline_label=None):
     """Starts an allreduce; returns a handle for poll()/synchronize()."""
     return _allreduce_async(tensor, False, average, name, op, prescale_factor, postscale_factor,
-                            process_set)
+                            process_set, timeline_label)
 
 
 # allreduce and allreduce_ are the hottest calls: they skip _resolve_op when
 # `op` is given, and allreduce skips the no-op compressor's two calls.
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set,
+              timeline_label=None):
     """Reduces `tensor` over all ranks (Average by default) into a new tensor.
 
     Differentiable: the gradient is the same allreduce of the gradient.
@@ -100,19 +97,20 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
                                process_set)
         return out if compression is _no_compression else compression.decompress(out, ctx)
     out = _call(_eager_allreduce, _ops.allreduce, compressed, name or "", op,
-                float(prescale_factor), float(postscale_factor), process_set._id())
+                float(prescale_factor), float(postscale_factor), process_set._id(),
+                timeline_label or "")
     return out if compression is _no_compression else compression.decompress(out, ctx)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0, process_set=global_process_set):
+                     postscale_factor=1.0, process_set=global_process_set, timeline_label=None):
     """In-place allreduce_async: the result is written into `tensor`."""
     return _allreduce_async(tensor, True, average, name, op, prescale_factor, postscale_factor,
-                            process_set)
+                            process_set, timeline_label)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=global_process_set):
+               postscale_factor=1.0, process_set=global_process_set, timeline_label=None):
     """In-place allreduce; returns `tensor`."""
     if op is None or average is not None:
         op = _resolve_op(average, op)
@@ -120,13 +118,14 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
         return tensor.copy_(adasum.allreduce(tensor, name, float(prescale_factor),
                                              float(postscale_factor), process_set))
     _call(_eager_allreduce_, _ops.allreduce_, tensor, name or "", op, float(prescale_factor),
-          float(postscale_factor), process_set._id())
+          float(postscale_factor), process_set._id(), timeline_label or "")
     return tensor
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts an allgather; returns a handle for poll()/synchronize()."""
-    return _call(None, _ops.allgather_async, tensor, name or "", _ps(process_set))
+    return _call(_C.eager_allgather_async, _ops.allgather_async, tensor, name or "",
+                 _ps(process_set))
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -136,7 +135,8 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts a broadcast from `root_rank` into a new tensor; returns a handle."""
-    return _call(None, _ops.broadcast_async, tensor, root_rank, name or "", _ps(process_set))
+    return _call(_C.eager_broadcast_async, _ops.broadcast_async, tensor, root_rank, name or "",
+                 _ps(process_set))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
@@ -147,7 +147,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast_async."""
-    return _call(None, _ops.broadcast_async_, tensor, root_rank, name or "", _ps(process_set))
+    return _call(_C.eager_broadcast_async_, _ops.broadcast_async_, tensor, root_rank,
+                 name or "", _ps(process_set))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
@@ -159,8 +160,8 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter; returns a handle for poll()/synchronize()."""
-    return _call(None, _ops.reducescatter_async, tensor, name or "", op, float(prescale_factor),
-                 float(postscale_factor), _ps(process_set))
+    return _call(_C.eager_reducescatter_async, _ops.reducescatter_async, tensor, name or "", op,
+                 float(prescale_factor), float(postscale_factor), _ps(process_set))
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -228,8 +229,8 @@ def _splits(splits):
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; synchronize(handle) returns (output, received_splits)."""
-    return _call(None, _ops.alltoall_async, tensor, _splits(splits), name or "",
-                 _ps(process_set))
+    return _call(_C.eager_alltoall_async, _ops.alltoall_async, tensor, _splits(splits),
+                 name or "", _ps(process_set))
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):

@@ -183,6 +183,10 @@ def _labelled(workdir):
     ops.grouped_allreduce([x, x], "lab.bundle", 1, 1.0, 1.0, 0, f"bundle by {r}")
     ops.grouped_allreduce([x, x.double()], "lab.group", 1, 1.0, 1.0, 0, f"group by {r}")
     ops.allreduce(x, "lab.none", 1)
+    # hvd's wrappers: the keyword after Horovod's arguments.
+    hvd.allreduce(x, name="lab.hvd", op=hvd.Sum, timeline_label=f"hvd by {r}")
+    hvd.synchronize(hvd.allreduce_async_(x.clone(), name="lab.hvd_async", op=hvd.Sum,
+                                         timeline_label=f"hvd async by {r}"))
     hvd.stop_timeline()
     hvd.shutdown()
     return taken
@@ -196,7 +200,8 @@ def test_rank_0s_timeline_label_marks_its_ops_row(tmp_path):
     expected = {"allreduce.lab.op": "op by 0", "allreduce.lab.eager": "eager by 0",
                 "allreduce.lab.async": "async by 0", "allreduce.lab.bundle": "bundle by 0",
                 "allreduce.lab.group.0": "group by 0", "allreduce.lab.group.1": "group by 0",
-                "allreduce.lab.none": None}
+                "allreduce.lab.none": None, "allreduce.lab.hvd": "hvd by 0",
+                "allreduce.lab.hvd_async": "hvd async by 0"}
     for row, label in expected.items():
         ticks = [e["name"] for e in rows[row] if e["ph"] == "X"]
         assert ticks.count(label) == (label is not None), (row, ticks)
