@@ -123,7 +123,8 @@ void Engine::shutdown() {
   store_.reset();
 }
 
-std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake, bool blocking) {
+std::shared_ptr<Work> Engine::enqueue(Entry entry, SubmitMode mode) {
+  const bool blocking = mode == SubmitMode::kCallerWaits;
   auto work = std::make_shared<Work>();
   entry.work = work;
   {
@@ -182,7 +183,7 @@ std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake, bool blocking) {
     }
     queue_.push_back(std::move(entry));
   }
-  if (wake) this->wake();
+  if (mode == SubmitMode::kAsync) wake();
   return work;
 }
 

@@ -45,6 +45,7 @@
 #include "response_cache.h"
 #include "set_runtimes.h"
 #include "store_client.h"
+#include "submit_mode.h"
 #include "timeline.h"
 #include "topology.h"
 
@@ -78,12 +79,11 @@ class Engine {
   // Throws DuplicateName, and submits nothing, when this rank already has an
   // operation of that name on that process set that has not completed
   // (Horovod's "same name as another tensor that is currently being processed").
-  // `wake` false leaves the background thread asleep (a group's members but
-  // the last): wake() or a later enqueue starts it.
-  // `blocking`: the caller waits for it right after, on this thread, so a
-  // cached op may run at once on the fast lane (fast_lane.h): the work is
-  // then complete on return.
-  std::shared_ptr<Work> enqueue(Entry entry, bool wake = true, bool blocking = false);
+  // `mode` (submit_mode.h): kAsync wakes the background thread; kCallerWaits
+  // leaves it to the caller's drive(), and a cached op may run at once on the
+  // fast lane (fast_lane.h), its work then complete on return; kGroupMember
+  // leaves it asleep until wake() or a later enqueue.
+  std::shared_ptr<Work> enqueue(Entry entry, SubmitMode mode = SubmitMode::kAsync);
   void wake();
   // Runs the background thread's work on this thread until `work` completes
   // or config().caller_spin passes, sparing the two thread hand-offs per op.

@@ -69,9 +69,9 @@ at::Tensor receivedRows(const Work& work) {
 
 }  // namespace
 
-int64_t addHandle(Pending&& pending, HandleKind kind, bool blocking) {
-  return blocking ? table.addBlocking(std::move(pending), kind)
-                  : table.add(std::move(pending), kind);
+int64_t addHandle(Pending&& pending, HandleKind kind, SubmitMode mode) {
+  return mode == SubmitMode::kCallerWaits ? table.addBlocking(std::move(pending), kind)
+                                          : table.add(std::move(pending), kind);
 }
 
 bool pollHandle(int64_t handle) {

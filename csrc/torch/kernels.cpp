@@ -9,14 +9,6 @@ namespace hvd {
 namespace torch_layer {
 namespace {
 
-// A blocking form: this thread drives the engine while it waits, so its
-// submission does not wake the background thread.
-template <class Submit>
-int64_t submitToWait(Submit submit) {
-  SubmitThenWait drives;
-  return submit();
-}
-
 at::Tensor allreduce(const at::Tensor& t, c10::string_view name, int64_t op, double pre,
                      double post, int64_t ps) {
   return allreduceBlocking(t, false, std::string(name), op, pre, post, ps);
@@ -140,7 +132,7 @@ std::vector<int64_t> groupedReducescatterAsync(at::TensorList ts, c10::string_vi
 }
 
 at::Tensor barrier(int64_t ps) {
-  return waitHandle(submitToWait([&] { return submitBarrier(ps); }));
+  return waitHandle(submitBarrier(ps, "", SubmitMode::kCallerWaits));
 }
 
 at::Tensor join(int64_t device) {
@@ -179,43 +171,44 @@ void registerTensorKernels(torch::Library& m) {
 
 }  // namespace
 
+// The blocking forms submit as kCallerWaits: this thread drives the engine
+// while it waits, so the submission does not wake the background thread.
 at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const std::string& name,
                              int64_t op, double prescale, double postscale, int64_t process_set) {
-  at::Tensor out = waitHandle(submitToWait([&] {
-    return submitAllreduce(tensor, in_place, name, op, prescale, postscale, process_set);
-  }));
+  at::Tensor out = waitHandle(submitAllreduce(tensor, in_place, name, op, prescale, postscale,
+                                              process_set, nullptr, SubmitMode::kCallerWaits));
   if (in_place) bumpVersion(tensor);
   return out;
 }
 
 at::Tensor broadcastBlocking(const at::Tensor& tensor, bool in_place, int64_t root_rank,
                              const std::string& name, int64_t process_set) {
-  at::Tensor out = waitHandle(submitToWait(
-      [&] { return submitBroadcast(tensor, in_place, root_rank, name, process_set); }));
+  at::Tensor out = waitHandle(submitBroadcast(tensor, in_place, root_rank, name, process_set,
+                                              SubmitMode::kCallerWaits));
   if (in_place) bumpVersion(tensor);
   return out;
 }
 
 at::Tensor allgatherBlocking(const at::Tensor& tensor, const std::string& name,
                              int64_t process_set) {
-  return waitHandle(submitToWait([&] { return submitAllgather(tensor, name, process_set); }));
+  return waitHandle(submitAllgather(tensor, name, process_set, nullptr, at::Tensor(),
+                                    SubmitMode::kCallerWaits));
 }
 
 std::tuple<at::Tensor, at::Tensor> alltoallBlocking(const at::Tensor& tensor,
                                                     const c10::optional<at::Tensor>& splits,
                                                     const std::string& name,
                                                     int64_t process_set, bool with_received) {
-  const int64_t handle =
-      submitToWait([&] { return submitAlltoall(tensor, splits, name, process_set); });
+  const int64_t handle = submitAlltoall(tensor, splits, name, process_set, at::Tensor(),
+                                        SubmitMode::kCallerWaits);
   if (!with_received) return {waitHandle(handle), at::Tensor()};
   return waitAlltoall(handle);
 }
 
 at::Tensor reducescatterBlocking(const at::Tensor& tensor, const std::string& name, int64_t op,
                                  double prescale, double postscale, int64_t process_set) {
-  return waitHandle(submitToWait([&] {
-    return submitReducescatter(tensor, name, op, prescale, postscale, process_set);
-  }));
+  return waitHandle(submitReducescatter(tensor, name, op, prescale, postscale, process_set,
+                                        nullptr, at::Tensor(), SubmitMode::kCallerWaits));
 }
 
 std::vector<at::Tensor> groupedAllreduceBlocking(at::TensorList tensors, bool in_place,

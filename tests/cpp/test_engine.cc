@@ -192,7 +192,8 @@ struct Op {
 };
 
 std::shared_ptr<Op> allreduce(Engine& e, const std::string& name, std::vector<float> data,
-                              ReduceOp op = ReduceOp::kSum, bool wake = true) {
+                              ReduceOp op = ReduceOp::kSum,
+                              SubmitMode mode = SubmitMode::kAsync) {
   auto o = std::make_shared<Op>();
   o->in = std::move(data);
   o->out.resize(o->in.size());
@@ -204,7 +205,7 @@ std::shared_ptr<Op> allreduce(Engine& e, const std::string& name, std::vector<fl
   entry.request.shape = {static_cast<int64_t>(o->in.size())};
   entry.input = o->in.data();
   entry.output = o->out.data();
-  o->work = e.enqueue(std::move(entry), wake);
+  o->work = e.enqueue(std::move(entry), mode);
   return o;
 }
 
@@ -269,7 +270,8 @@ TEST(ops_submitted_together_are_fused_into_one_backend_call) {
   onEveryRank(*job, [&](int r, Engine& e) {
     std::vector<std::shared_ptr<Op>> ops;
     for (int i = 0; i < 8; ++i)  // asleep until the last: one batch
-      ops.push_back(allreduce(e, "g" + std::to_string(i), {float(i + r)}, ReduceOp::kSum, i == 7));
+      ops.push_back(allreduce(e, "g" + std::to_string(i), {float(i + r)}, ReduceOp::kSum,
+                              i == 7 ? SubmitMode::kAsync : SubmitMode::kGroupMember));
     for (int i = 0; i < 8; ++i) {
       CHECK(waitFor(*ops[i]).ok());
       CHECK_EQ(ops[i]->out[0], float(2 * i + 1));
