@@ -79,7 +79,7 @@ bool pollHandle(int64_t handle) {
   TORCH_CHECK_VALUE(table.poll(handle, &done), "hvd_torch.poll: unknown handle ", handle,
                     " (already synchronized, or from before a shutdown)");
   if (!done) {
-    // A deferred op (engine_deferred.cc) progresses only once sent on.
+    // A deferred op (core/lane.h) progresses only once sent on.
     if (auto engine = currentEngine()) engine->flushDeferred();
   }
   return done;
