@@ -30,8 +30,6 @@ std::shared_ptr<Engine> Engine::start(const Topology& topology, const EngineConf
   engine->timelineChanged();
   HVD_LOG(kDebug) << "rank " << topology.rank << " of " << topology.size << ": engine connected";
   engine->thread_ = std::thread([e = engine.get()] { e->loop(); });
-  if (engine->lane_ && config.lane_defer.count() > 0)
-    engine->deferral_thread_ = std::thread([e = engine.get()] { e->watchDeferred(); });
   return engine;
 }
 
@@ -90,9 +88,11 @@ void Engine::attachRingsAndLane(const std::string& prefix) {
   const size_t extra = slots > 0 ? FastLane::footprint(topology_.size, slots, row_bytes) : 0;
   control_.attachRings(*store_, prefix, extra);
   if (extra > 0 && control_.extraArea() != nullptr) {
-    lane_ = std::make_unique<FastLane>(control_.extraArea(), topology_.size, topology_.rank, slots,
-                                       row_bytes, config_.caller_spin,
-                                       config_.fast_lane && config_.callers_drive);
+    auto fast = std::make_unique<FastLane>(control_.extraArea(), topology_.size, topology_.rank,
+                                           slots, row_bytes, config_.caller_spin,
+                                           config_.fast_lane && config_.callers_drive);
+    Lane::Sink& sink = *this;  // private base: converted here, not in make_unique
+    lane_ = std::make_unique<Lane>(std::move(fast), config_.lane_defer, sink);
   }
 }
 
@@ -107,13 +107,33 @@ Status Engine::refusal() const {
   return broken_.ok() ? Status::shutdown("hvd_torch has been shut down") : broken_;
 }
 
+Status Engine::stopped() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return accepting() ? Status() : refusal();
+}
+
+bool Engine::queueForEngine(Entry&& e) {
+  Status refused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (accepting()) {
+      queue_.push_back(std::move(e));
+      return true;
+    }
+    refused = refusal();
+  }
+  // Stopped meanwhile: the queue may never be taken again.
+  e.work->complete(std::move(refused));
+  return false;
+}
+
 void Engine::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     stopping_ = true;
   }
-  stopDeferralWatch();
+  if (lane_) lane_->stop();
   ringWakeFd();
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> baton(baton_);  // a driver may still be in a round
@@ -123,7 +143,7 @@ void Engine::shutdown() {
   store_.reset();
 }
 
-std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake, bool blocking) {
+std::shared_ptr<Work> Engine::enqueue(Entry entry, SubmitMode mode) {
   auto work = std::make_shared<Work>();
   entry.work = work;
   {
@@ -163,26 +183,13 @@ std::shared_ptr<Work> Engine::enqueue(Entry entry, bool wake, bool blocking) {
     if (!lane_) queue_.push_back(std::move(entry));
   }
   if (lane_) {
-    // An async op of a cached name waits for its caller's synchronize, to
-    // run on the lane then; any other submission first resolves those, in
-    // order (the lane counts each name's submissions).
-    if (!blocking && deferEntry(entry)) return work;
-    if (deferred_count_.load(std::memory_order_acquire) != 0) resolveDeferred(blocking);
-    // Every submission of a name with a lane slot registers there, outside
-    // the lock: a blocking one may run on the lane and be done here.
-    if (lane_->submit(entry, blocking) == FastLane::Outcome::kRan) {
-      work->complete(Status());
-      return work;
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!accepting()) {
-      // Stopped meanwhile: the queue may never be taken again.
-      work->complete(refusal());
-      return work;
-    }
-    queue_.push_back(std::move(entry));
+    // The lane sees every submission first, outside the lock (lane.h): it
+    // runs it here, keeps it until its caller waits, or registers it and
+    // leaves it to the engine.
+    if (lane_->submit(entry, mode)) return work;
+    if (!queueForEngine(std::move(entry))) return work;
   }
-  if (wake) this->wake();
+  if (mode == SubmitMode::kAsync) wake();
   return work;
 }
 
@@ -708,11 +715,7 @@ void Engine::fail(const Status& status) {
   taken_.clear();
   inline_in_flight_ = 0;
   for (Entry& e : queued) e.work->complete(status);
-  for (Deferred& d : takeDeferred()) d.entry.work->complete(status);
-  {
-    // A deferred entry being resolved on the lane ends before its memory goes.
-    std::lock_guard<std::mutex> resolving(resolving_);
-  }
+  if (lane_) lane_->fail(status);
   control_.close();
 }
 

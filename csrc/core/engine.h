@@ -9,19 +9,23 @@
 // (local submissions) and those sockets, so a lone op never waits for a timer.
 // Protocol and costs: docs/architecture.md.
 //
+// On one host, every submission meets the lane (lane.h) first: it may run a
+// cached op on its caller's thread or keep an async one until its caller
+// waits. The engine negotiates and runs the rest, and hands the lane what
+// the rounds teach it (learn(), bystander(), joined()).
+//
 // Threading: enqueue(), drive(), topology() and backendName() may be called
 // from any thread. shutdown() from any one thread, once. Everything else runs
 // on whichever thread holds the baton: the background thread, or a caller
 // that drives while it waits for its op (drive(); docs/architecture.md,
-// "Callers drive").
+// "Callers drive"). The engine never calls the lane holding mu_; the lane
+// calls back (Lane::Sink) holding its own locks, which come first.
 #pragma once
 
 #include <poll.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -37,14 +41,15 @@
 #include "coordinator.h"
 #include "entry.h"
 #include "executor.h"
-#include "fast_lane.h"
 #include "frame_socket.h"
+#include "lane.h"
 #include "process_sets.h"
 #include "shm_segment.h"
 #include "stall_inspector.h"
 #include "response_cache.h"
 #include "set_runtimes.h"
 #include "store_client.h"
+#include "submit_mode.h"
 #include "timeline.h"
 #include "topology.h"
 
@@ -55,7 +60,7 @@ struct DuplicateName : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-class Engine {
+class Engine final : private Lane::Sink {
  public:
   // Meets the other ranks and starts the background thread. `generation`
   // counts init() calls in this process, so a re-init never reads the previous
@@ -78,13 +83,12 @@ class Engine {
   // Throws DuplicateName, and submits nothing, when this rank already has an
   // operation of that name on that process set that has not completed
   // (Horovod's "same name as another tensor that is currently being processed").
-  // `wake` false leaves the background thread asleep (a group's members but
-  // the last): wake() or a later enqueue starts it.
-  // `blocking`: the caller waits for it right after, on this thread, so a
-  // cached op may run at once on the fast lane (fast_lane.h): the work is
-  // then complete on return.
-  std::shared_ptr<Work> enqueue(Entry entry, bool wake = true, bool blocking = false);
-  void wake();
+  // `mode` (submit_mode.h): kAsync wakes the background thread; kCallerWaits
+  // leaves it to the caller's drive(), and a cached op may run at once on the
+  // fast lane (lane.h), its work then complete on return; kGroupMember
+  // leaves it asleep until wake() or a later enqueue.
+  std::shared_ptr<Work> enqueue(Entry entry, SubmitMode mode = SubmitMode::kAsync);
+  void wake() override;
   // Runs the background thread's work on this thread until `work` completes
   // or config().caller_spin passes, sparing the two thread hand-offs per op.
   // Returns false when it did not complete it (driving is off, the engine is
@@ -100,10 +104,10 @@ class Engine {
   uint64_t laneOps() const { return lane_ ? lane_->ranOps() : 0; }
   uint64_t laneGaveUp() const { return lane_ ? lane_->gaveUp() : 0; }
   bool laneOff() const { return lane_ && lane_->off(); }
-  // Sends this rank's deferred async ops (engine_deferred.cc) to the engine:
-  // a poll() that finds its op not done makes sure it progresses.
+  // Sends this rank's deferred async ops (lane.h) to the engine: a poll()
+  // that finds its op not done makes sure it progresses.
   void flushDeferred() {
-    if (deferred_count_.load(std::memory_order_acquire) != 0) resolveDeferred(false);
+    if (lane_) lane_->resolveAll(false);
   }
 
   const Topology& topology() const { return topology_; }
@@ -192,6 +196,9 @@ class Engine {
   // Whether a submission may still run, and the error it gets when not (mu_ held).
   bool accepting() const { return broken_.ok() && !stopping_; }
   Status refusal() const;
+  // Lane::Sink: what the lane does not run comes back here (takes mu_).
+  Status stopped() override;
+  bool queueForEngine(Entry&& e) override;
   // Names submitted and not yet completed, by tableKey(process set, name).
   std::unordered_map<std::string, std::weak_ptr<Work>> in_flight_;
   size_t sweep_in_flight_at_ = 64;
@@ -230,38 +237,9 @@ class Engine {
   bool joined_ = false;  // this rank called join() and waits for the others
   std::unique_ptr<Coordinator> coordinator_;           // rank 0 only
   ControlChannel control_{topology_, config_};  // rank 0's star, or the link to rank 0
-  std::unique_ptr<FastLane> lane_;  // in control_'s segment: declared after it
-
-  // Async submissions of cached names that the lane may run once their
-  // callers wait (engine_deferred.cc), in submission order, under mu_.
-  struct Deferred {
-    Entry entry;
-    FastLane::Ticket ticket;
-    std::chrono::steady_clock::time_point at;
-  };
-  std::deque<Deferred> deferred_;
-  std::atomic<size_t> deferred_count_{0};
-  std::mutex resolving_;  // held while deferred entries are taken and resolved
-  // The thread that sends deferred entries to the engine once none was
-  // deferred for config_.lane_defer (a rank whose caller waits elsewhere must
-  // not hold the others).
-  std::thread deferral_thread_;
-  std::mutex deferral_mu_;
-  std::condition_variable deferral_cv_;
-  bool deferral_stop_ = false;                // under deferral_mu_
-  std::atomic<bool> deferral_idle_{false};    // waiting without a deadline
-  // Keeps `e` for the lane; false when it cannot (then the lane registers it now).
-  bool deferEntry(Entry& e);
-  // Resolves every deferred entry, in order: `attempt` runs them on the lane
-  // (the caller is about to wait), else they are cancelled there and go to
-  // the engine. `only_older`: just those deferred before it (the watch thread,
-  // which gives way to a caller resolving already).
-  void resolveDeferred(bool attempt,
-                       std::chrono::steady_clock::time_point only_older = {});
-  void watchDeferred();
-  void stopDeferralWatch();
-  // The deferred entries, for fail(): none is resolved after this.
-  std::deque<Deferred> takeDeferred();
+  // One host: the fast lane and the deferred async ops (null when off). Its
+  // memory is in control_'s segment: declared after it.
+  std::unique_ptr<Lane> lane_;
   StallInspector stalls_{config_.stall_warning, config_.stall_shutdown};  // rank 0's
 
   Timeline timeline_;

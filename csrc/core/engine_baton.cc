@@ -196,7 +196,7 @@ bool Engine::awaitInput(std::vector<pollfd>& fds, const std::vector<FrameSocket*
 bool Engine::drive(const Work& work) {
   // Deferred async ops run on the lane now, this one among them: the other
   // ranks' callers wait for theirs too.
-  if (deferred_count_.load(std::memory_order_acquire) != 0) resolveDeferred(true);
+  if (lane_) lane_->resolveAll(true);
   if (work.done()) return true;
   if (!config_.callers_drive) {
     wake();  // the submission skipped it

@@ -68,8 +68,8 @@ class FastLane {
   // What a slot's later instances need; shared with callers (any thread).
   struct Op;
   // An async submission the lane may run later, when its caller waits for it
-  // (the engine's deferred entries, engine_deferred.cc): the name's next
-  // instance, taken now, in submission order, registered by resolve().
+  // (the deferred entries of lane.h): the name's next instance, taken now, in
+  // submission order, registered by resolve().
   struct Ticket {
     std::shared_ptr<const Op> op;  // null: the lane cannot run it (submit() it)
     uint64_t instance = 0;

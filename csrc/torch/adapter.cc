@@ -21,8 +21,6 @@ namespace {
 std::mutex names_mu;
 std::unordered_map<int64_t, int64_t> name_counters;
 
-thread_local bool t_waits_next = false;  // see SubmitThenWait
-
 // The Python class of RefusedError; null until hvd_torch registers it. Read
 // and written with the GIL held (registration at import; python_type() from
 // torch's translation of the exception into a Python error).
@@ -195,9 +193,6 @@ void bumpVersion(const at::Tensor& t) {
   if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
 }
 
-SubmitThenWait::SubmitThenWait() { t_waits_next = true; }
-SubmitThenWait::~SubmitThenWait() { t_waits_next = false; }
-
 void waitWork(Engine* engine, Work& work, std::chrono::microseconds spin) {
   if (work.done()) {
     // Done already (the fast lane ran it on this thread): nothing to wait for.
@@ -242,7 +237,7 @@ EngineInput takeInput(const at::Tensor& tensor, DataType dtype, const char* op,
 // a contiguous or host-staged copy of it). A staged input is our own pinned
 // copy, so the engine writes the result over it.
 void bindSameShapeOutput(const at::Tensor& tensor, const EngineInput& in, bool in_place,
-                         Entry& e, Pending& p) {
+                         SubmitMode mode, Entry& e, Pending& p) {
   const at::Tensor& input = in.tensor;
   at::Tensor output = in_place || in.plane == Plane::kStaged ? input
                       : in.plane == Plane::kHost          ? hostOutput(input.sizes(), input.options())
@@ -255,7 +250,8 @@ void bindSameShapeOutput(const at::Tensor& tensor, const EngineInput& in, bool i
   // A blocking op's caller holds its host tensor until the op is done, and
   // waitHandle holds `p.result`: no reference needed, nor its PyObject's
   // incref and decref (about 200 instructions of a 4-byte allreduce).
-  if (t_waits_next && in.plane == Plane::kHost && input.is_same(tensor)) return;
+  if (mode == SubmitMode::kCallerWaits && in.plane == Plane::kHost && input.is_same(tensor))
+    return;
   e.keep_alive = std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output);
 }
 
@@ -287,18 +283,20 @@ void bindRowsOutput(const EngineInput& in, Entry& e, Pending& p,
   p.gathered = out;
 }
 
-// `wake` false: a group member; submitGroup wakes the engine once for all.
-int64_t enqueue(Engine& engine, Entry e, Pending p, bool wake = true,
+// kGroupMember: submitGroup wakes the engine once for all members.
+int64_t enqueue(Engine& engine, Entry e, Pending p, SubmitMode mode,
                 HandleKind kind = HandleKind::kSingle) {
+  TORCH_INTERNAL_ASSERT(e.request.group.empty() == (mode != SubmitMode::kGroupMember),
+                        "a grouped op's members, and only they, are submitted as kGroupMember");
   p.name = e.request.name;
   p.keep_alive = e.keep_alive;
   e.request.single_use = singleUseName(e.request.name);
   try {
-    p.work = engine.enqueue(std::move(e), wake && !t_waits_next, t_waits_next);
+    p.work = engine.enqueue(std::move(e), mode);
   } catch (const DuplicateName& dup) {
     TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());
   }
-  return addHandle(std::move(p), kind, t_waits_next);
+  return addHandle(std::move(p), kind, mode);
 }
 
 }  // namespace
@@ -339,7 +337,7 @@ void markTimeline(Engine& engine, const std::string& label, const Request& q) {
 }  // namespace
 
 int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const AllreduceOptions& o,
-                        const GroupTag* group) {
+                        const GroupTag* group, SubmitMode mode) {
   auto engine = requireEngine("allreduce");
   const std::string name = opName("allreduce", o.name, o.process_set);
   checkMember(*engine, o.process_set, "allreduce", name);
@@ -350,13 +348,13 @@ int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const Allreduce
   e.request = baseRequest(OpType::kAllreduce, tensor, dtype, name, o.process_set, group);
   setReduction(e.request, o.reduction);
   const EngineInput in = takeInput(tensor, dtype, "allreduce", name, e, p);
-  bindSameShapeOutput(tensor, in, in_place, e, p);
+  bindSameShapeOutput(tensor, in, in_place, mode, e, p);
   markTimeline(*engine, o.timeline_label, e.request);
-  return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
+  return enqueue(*engine, std::move(e), std::move(p), mode);
 }
 
 int64_t submitAllgather(const at::Tensor& tensor, const AllgatherOptions& o,
-                        const GroupTag* group, const at::Tensor& into) {
+                        const GroupTag* group, const at::Tensor& into, SubmitMode mode) {
   auto engine = requireEngine("allgather");
   const std::string name = opName("allgather", o.name, o.process_set);
   checkMember(*engine, o.process_set, "allgather", name);
@@ -367,10 +365,11 @@ int64_t submitAllgather(const at::Tensor& tensor, const AllgatherOptions& o,
   Pending p;
   e.request = baseRequest(OpType::kAllgather, rows, dtype, name, o.process_set, group);
   bindRowsOutput(takeInput(rows, dtype, "allgather", name, e, p), e, p, into);
-  return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
+  return enqueue(*engine, std::move(e), std::move(p), mode);
 }
 
-int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, const BroadcastOptions& o) {
+int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, const BroadcastOptions& o,
+                        SubmitMode mode) {
   auto engine = requireEngine("broadcast");
   const std::string name = opName("broadcast", o.name, o.process_set);
   const std::vector<int> members = requireMember(*engine, o.process_set, "broadcast", name);
@@ -388,12 +387,12 @@ int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, const Broadcast
   e.request = baseRequest(OpType::kBroadcast, tensor, dtype, name, o.process_set);
   e.request.root_rank = root_rank;
   const EngineInput in = takeInput(tensor, dtype, "broadcast", name, e, p);
-  bindSameShapeOutput(tensor, in, in_place, e, p);
-  return enqueue(*engine, std::move(e), std::move(p));
+  bindSameShapeOutput(tensor, in, in_place, mode, e, p);
+  return enqueue(*engine, std::move(e), std::move(p), mode);
 }
 
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
-                       const AlltoallOptions& o, const at::Tensor& into) {
+                       const AlltoallOptions& o, const at::Tensor& into, SubmitMode mode) {
   auto engine = requireEngine("alltoall");
   const std::string name = opName("alltoall", o.name, o.process_set);
   const std::vector<int> members = requireMember(*engine, o.process_set, "alltoall", name);
@@ -430,11 +429,11 @@ int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>
   e.request = baseRequest(OpType::kAlltoall, tensor, dtype, name, o.process_set);
   e.request.send_splits = send;
   bindRowsOutput(takeInput(tensor, dtype, "alltoall", name, e, p), e, p, into);
-  return enqueue(*engine, std::move(e), std::move(p), true, HandleKind::kAlltoall);
+  return enqueue(*engine, std::move(e), std::move(p), mode, HandleKind::kAlltoall);
 }
 
 int64_t submitReducescatter(const at::Tensor& tensor, const ReducescatterOptions& o,
-                            const GroupTag* group, const at::Tensor& into) {
+                            const GroupTag* group, const at::Tensor& into, SubmitMode mode) {
   auto engine = requireEngine("reducescatter");
   const std::string name = opName("reducescatter", o.name, o.process_set);
   requireMember(*engine, o.process_set, "reducescatter", name);
@@ -456,7 +455,7 @@ int64_t submitReducescatter(const at::Tensor& tensor, const ReducescatterOptions
   e.request = baseRequest(OpType::kReducescatter, tensor, dtype, name, o.process_set, group);
   setReduction(e.request, r);
   bindRowsOutput(takeInput(tensor, dtype, "reducescatter", name, e, p), e, p, into);
-  return enqueue(*engine, std::move(e), std::move(p), group == nullptr);
+  return enqueue(*engine, std::move(e), std::move(p), mode);
 }
 
 namespace {
@@ -478,12 +477,13 @@ struct Bundle {
   std::vector<Pending> members;  // each member's output, on `work`
 };
 
-// `caller_waits`: the caller holds `tensors` until the bundle completes, so
+// kCallerWaits: the caller holds `tensors` until the bundle completes, so
 // in-place members already contiguous need no handle, and no member needs a
 // reference to the caller's own tensor.
 // `group`: the bundle's name (opName's, for an unnamed group).
 Bundle enqueueBundle(Engine& engine, at::TensorList tensors, bool in_place,
-                     const std::string& group, const AllreduceOptions& o, bool caller_waits) {
+                     const std::string& group, const AllreduceOptions& o, SubmitMode mode) {
+  const bool caller_waits = mode == SubmitMode::kCallerWaits;
   const char* what = "grouped_allreduce";
   const DataType dtype = toDataType(tensors[0], what, group);
   checkReduction(what, group, dtype, o.reduction);
@@ -529,7 +529,7 @@ Bundle enqueueBundle(Engine& engine, at::TensorList tensors, bool in_place,
   Bundle bundle;
   try {
     e.request.single_use = singleUseName(e.request.name);
-    bundle.work = engine.enqueue(std::move(e), !t_waits_next);
+    bundle.work = engine.enqueue(std::move(e), mode);
   } catch (const DuplicateName& dup) {
     TORCH_CHECK_VALUE(false, "hvd_torch.", dup.what());
   }
@@ -602,40 +602,45 @@ std::vector<int64_t> submitGroup(at::TensorList tensors, bool in_place,
     const char* what = groupedWhat(GroupedKind::kAllreduce);
     auto engine = checkGroup(GroupedKind::kAllreduce, tensors, o.name, o.process_set);
     Bundle bundle = enqueueBundle(*engine, tensors, in_place,
-                                  opName(what, o.name, o.process_set), o, false);
+                                  opName(what, o.name, o.process_set), o, SubmitMode::kAsync);
     std::vector<int64_t> handles;
     for (Pending& p : bundle.members)
-      handles.push_back(addHandle(std::move(p), HandleKind::kSingle, false));
+      handles.push_back(addHandle(std::move(p), HandleKind::kSingle, SubmitMode::kAsync));
     return handles;
   }
   return submitMembers(GroupedKind::kAllreduce, tensors, o,
                        [in_place](const at::Tensor& t, const AllreduceOptions& member,
                                   const GroupTag* group) {
-                         return submitAllreduce(t, in_place, member, group);
+                         return submitAllreduce(t, in_place, member, group,
+                                                SubmitMode::kGroupMember);
                        });
 }
 
 std::vector<int64_t> submitGroup(at::TensorList tensors, const AllgatherOptions& o) {
   return submitMembers(GroupedKind::kAllgather, tensors, o,
                        [](const at::Tensor& t, const AllgatherOptions& member,
-                          const GroupTag* group) { return submitAllgather(t, member, group); });
+                          const GroupTag* group) {
+                         return submitAllgather(t, member, group, at::Tensor(),
+                                                SubmitMode::kGroupMember);
+                       });
 }
 
 std::vector<int64_t> submitGroup(at::TensorList tensors, const ReducescatterOptions& o) {
   return submitMembers(GroupedKind::kReducescatter, tensors, o,
                        [](const at::Tensor& t, const ReducescatterOptions& member,
-                          const GroupTag* group) { return submitReducescatter(t, member, group); });
+                          const GroupTag* group) {
+                         return submitReducescatter(t, member, group, at::Tensor(),
+                                                    SubmitMode::kGroupMember);
+                       });
 }
 
 c10::optional<std::vector<at::Tensor>> runBundle(at::TensorList tensors, bool in_place,
                                                  const AllreduceOptions& o) {
   if (!bundles(tensors)) return c10::nullopt;
   auto engine = checkGroup(GroupedKind::kAllreduce, tensors, o.name, o.process_set);
-  Bundle bundle = [&] {
-    SubmitThenWait drives;
-    return enqueueBundle(*engine, tensors, in_place,
-                         opName("grouped_allreduce", o.name, o.process_set), o, true);
-  }();
+  Bundle bundle = enqueueBundle(*engine, tensors, in_place,
+                                opName("grouped_allreduce", o.name, o.process_set), o,
+                                SubmitMode::kCallerWaits);
   waitWork(engine.get(), *bundle.work, engine->config().caller_spin);
   if (in_place) {  // members holds only the non-contiguous ones; the results are in `tensors`
     for (Pending& p : bundle.members)
@@ -660,11 +665,11 @@ int64_t joinAndWait() {
   Pending p;
   p.result = at::zeros({}, at::kLong);
   Pending done;
-  waitHandle(enqueue(*engine, std::move(e), std::move(p)), &done);
+  waitHandle(enqueue(*engine, std::move(e), std::move(p), SubmitMode::kAsync), &done);
   return done.work->lastJoinedRank();
 }
 
-int64_t submitBarrier(int64_t process_set, const std::string& name) {
+int64_t submitBarrier(int64_t process_set, const std::string& name, SubmitMode mode) {
   auto engine = requireEngine("barrier");
   requireMember(*engine, process_set, "barrier", name);
   Entry e;
@@ -674,7 +679,7 @@ int64_t submitBarrier(int64_t process_set, const std::string& name) {
   e.request.process_set = static_cast<int32_t>(process_set);
   Pending p;
   p.result = at::zeros({}, at::kLong);
-  return enqueue(*engine, std::move(e), std::move(p));
+  return enqueue(*engine, std::move(e), std::move(p), mode);
 }
 
 namespace {
@@ -691,7 +696,7 @@ int64_t changeProcessSets(Request change, const char* what) {
   Pending p;
   p.result = at::zeros({}, at::kLong);
   Pending done;
-  waitHandle(enqueue(*engine, std::move(e), std::move(p)), &done);
+  waitHandle(enqueue(*engine, std::move(e), std::move(p), SubmitMode::kAsync), &done);
   return done.work->newSetId();
 }
 

@@ -70,9 +70,9 @@ struct Pending {
 // The handle table (handle_table.h, handles.cc): ints cross the schema,
 // Pending stays here. Every kind of handle (single op, alltoall, group) lives
 // in the one table; an unknown handle is a ValueError naming the op.
-// `blocking`: the caller waits for it on this thread right after
-// (SubmitThenWait): it may take the thread's slot (kThisThreadsOp).
-int64_t addHandle(Pending&& pending, HandleKind kind, bool blocking);
+// SubmitMode::kCallerWaits: the caller waits for it on this thread right
+// after, so it may take the thread's slot (kThisThreadsOp).
+int64_t addHandle(Pending&& pending, HandleKind kind, SubmitMode mode);
 // Any kind; a group is done when every member is.
 bool pollHandle(int64_t handle);
 HandleKind handleKind(int64_t handle);
@@ -102,13 +102,6 @@ std::tuple<at::Tensor, at::Tensor> waitAlltoall(int64_t handle);
 // raises its error.
 void waitWork(Engine* engine, Work& work, std::chrono::microseconds spin);
 void clearHandles();
-// Held by a blocking kernel around its submission: the thread drives the
-// engine right after, while it waits (Engine::drive), so the submission
-// skips waking the background thread.
-struct SubmitThenWait {
-  SubmitThenWait();
-  ~SubmitThenWait();
-};
 // An in-place op writes `t`: bump its version counter, as torch's in-place
 // ops do (the dispatcher does not for a custom op), so that autograd refuses
 // a saved tensor we overwrote instead of computing a wrong gradient.
@@ -121,21 +114,28 @@ struct GroupTag {
 
 // Submission of each kind; return the handle. Each takes its op's options
 // (op_options.h) as the caller built them; `name` "" gets an unnamed op's name.
+// `mode` (core/submit_mode.h): kCallerWaits from a blocking kernel, which waits
+// for the handle on this thread right after; kGroupMember, with `group`, from
+// submitGroup.
 int64_t submitAllreduce(const at::Tensor& tensor, bool in_place, const AllreduceOptions& options,
-                        const GroupTag* group = nullptr);
+                        const GroupTag* group = nullptr, SubmitMode mode = SubmitMode::kAsync);
 // `into` (allgather, reducescatter, alltoall): a contiguous host tensor of the
 // input's dtype that the engine writes the result into when the result has
 // exactly its number of elements (the c10d backend's caller-given outputs);
 // otherwise, or undefined, the engine allocates the output.
 int64_t submitAllgather(const at::Tensor& tensor, const AllgatherOptions& options,
-                        const GroupTag* group = nullptr, const at::Tensor& into = at::Tensor());
-int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, const BroadcastOptions& options);
+                        const GroupTag* group = nullptr, const at::Tensor& into = at::Tensor(),
+                        SubmitMode mode = SubmitMode::kAsync);
+int64_t submitBroadcast(const at::Tensor& tensor, bool in_place, const BroadcastOptions& options,
+                        SubmitMode mode = SubmitMode::kAsync);
 // name: "" for an unnamed op's name (barrier.noname.<n>).
-int64_t submitBarrier(int64_t process_set, const std::string& name = "");
+int64_t submitBarrier(int64_t process_set, const std::string& name = "",
+                      SubmitMode mode = SubmitMode::kAsync);
 // join(): blocks until every rank has joined; returns the last rank to join.
 int64_t joinAndWait();
 int64_t submitReducescatter(const at::Tensor& tensor, const ReducescatterOptions& options,
-                            const GroupTag* group = nullptr, const at::Tensor& into = at::Tensor());
+                            const GroupTag* group = nullptr, const at::Tensor& into = at::Tensor(),
+                            SubmitMode mode = SubmitMode::kAsync);
 
 // Grouped submission: member i is named "<name>.<i>" (or gets an unnamed op's
 // name); returns one handle per member.
@@ -151,6 +151,7 @@ c10::optional<std::vector<at::Tensor>> runBundle(at::TensorList tensors, bool in
 // splits: rows to send to each rank (undefined: an even split). The handle's
 // kind is kAlltoall.
 int64_t submitAlltoall(const at::Tensor& tensor, const c10::optional<at::Tensor>& splits,
-                       const AlltoallOptions& options, const at::Tensor& into = at::Tensor());
+                       const AlltoallOptions& options, const at::Tensor& into = at::Tensor(),
+                       SubmitMode mode = SubmitMode::kAsync);
 }  // namespace torch_layer
 }  // namespace hvd

@@ -69,9 +69,9 @@ at::Tensor receivedRows(const Work& work) {
 
 }  // namespace
 
-int64_t addHandle(Pending&& pending, HandleKind kind, bool blocking) {
-  return blocking ? table.addBlocking(std::move(pending), kind)
-                  : table.add(std::move(pending), kind);
+int64_t addHandle(Pending&& pending, HandleKind kind, SubmitMode mode) {
+  return mode == SubmitMode::kCallerWaits ? table.addBlocking(std::move(pending), kind)
+                                          : table.add(std::move(pending), kind);
 }
 
 bool pollHandle(int64_t handle) {
@@ -79,7 +79,7 @@ bool pollHandle(int64_t handle) {
   TORCH_CHECK_VALUE(table.poll(handle, &done), "hvd_torch.poll: unknown handle ", handle,
                     " (already synchronized, or from before a shutdown)");
   if (!done) {
-    // A deferred op (engine_deferred.cc) progresses only once sent on.
+    // A deferred op (core/lane.h) progresses only once sent on.
     if (auto engine = currentEngine()) engine->flushDeferred();
   }
   return done;

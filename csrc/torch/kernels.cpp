@@ -13,13 +13,9 @@ namespace hvd {
 namespace torch_layer {
 namespace {
 
-// A blocking form: this thread drives the engine while it waits, so its
-// submission does not wake the background thread.
-template <class Submit>
-int64_t submitToWait(Submit submit) {
-  SubmitThenWait drives;
-  return submit();
-}
+// The blocking forms submit as kCallerWaits: this thread drives the engine
+// while it waits, so the submission does not wake the background thread.
+constexpr SubmitMode kWaits = SubmitMode::kCallerWaits;
 
 // A blocking grouped op: its members as one group handle, every member
 // waited for, then the first error raised (handles.cc).
@@ -28,13 +24,13 @@ std::vector<at::Tensor> waitAll(const std::vector<int64_t>& handles) {
 }
 
 at::Tensor allreduceBlocking(const at::Tensor& tensor, bool in_place, const AllreduceOptions& o) {
-  at::Tensor out = waitHandle(submitToWait([&] { return submitAllreduce(tensor, in_place, o); }));
+  at::Tensor out = waitHandle(submitAllreduce(tensor, in_place, o, nullptr, kWaits));
   if (in_place) bumpVersion(tensor);
   return out;
 }
 
 at::Tensor broadcastBlocking(const at::Tensor& tensor, bool in_place, const BroadcastOptions& o) {
-  at::Tensor out = waitHandle(submitToWait([&] { return submitBroadcast(tensor, in_place, o); }));
+  at::Tensor out = waitHandle(submitBroadcast(tensor, in_place, o, kWaits));
   if (in_place) bumpVersion(tensor);
   return out;
 }
@@ -45,7 +41,7 @@ std::tuple<at::Tensor, at::Tensor> alltoallBlocking(const at::Tensor& tensor,
                                                     const c10::optional<at::Tensor>& splits,
                                                     const AlltoallOptions& o,
                                                     bool with_received) {
-  const int64_t handle = submitToWait([&] { return submitAlltoall(tensor, splits, o); });
+  const int64_t handle = submitAlltoall(tensor, splits, o, at::Tensor(), kWaits);
   if (!with_received) return {waitHandle(handle), at::Tensor()};
   return waitAlltoall(handle);
 }
@@ -82,7 +78,7 @@ int64_t allreduceAsyncInPlace(const at::Tensor& t, const AllreduceOptions& o) {
 }
 
 at::Tensor allgather(const at::Tensor& t, const AllgatherOptions& o) {
-  return waitHandle(submitToWait([&] { return submitAllgather(t, o); }));
+  return waitHandle(submitAllgather(t, o, nullptr, at::Tensor(), kWaits));
 }
 
 int64_t allgatherAsync(const at::Tensor& t, const AllgatherOptions& o) {
@@ -123,7 +119,7 @@ int64_t alltoallAsync(const at::Tensor& t, const c10::optional<at::Tensor>& spli
 }
 
 at::Tensor reducescatter(const at::Tensor& t, const ReducescatterOptions& o) {
-  return waitHandle(submitToWait([&] { return submitReducescatter(t, o); }));
+  return waitHandle(submitReducescatter(t, o, nullptr, at::Tensor(), kWaits));
 }
 
 int64_t reducescatterAsync(const at::Tensor& t, const ReducescatterOptions& o) {
@@ -169,7 +165,7 @@ std::vector<int64_t> groupedReducescatterAsync(at::TensorList ts, const Reducesc
 namespace {
 
 at::Tensor barrier(int64_t ps) {
-  return waitHandle(submitToWait([&] { return submitBarrier(ps); }));
+  return waitHandle(submitBarrier(ps, "", kWaits));
 }
 
 at::Tensor join(int64_t device) {

@@ -3,7 +3,8 @@
 // memory and a real control channel over loopback, with a fake data plane
 // that moves bytes between the threads. Negotiation in any submission order,
 // fusion, response-cache hits, a late rank, a stalled rank, ranks that
-// disagree, and a backend that fails.
+// disagree, a backend that fails, and on one host the fast lane and the
+// deferred async ops (lane.h) beside the engine.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -79,9 +80,14 @@ class FakeBackend : public Backend {
  public:
   // At its fail_allreduce_at-th allreduce the backend fails: as a broken
   // connection, or (as_bug) as a broken invariant of its own.
-  FakeBackend(std::shared_ptr<Hub> hub, int rank, int fail_allreduce_at, bool as_bug)
-      : hub_(std::move(hub)), rank_(rank), fail_at_(fail_allreduce_at), as_bug_(as_bug) {}
-  const char* name() const override { return "fake"; }
+  // `name`: "shm" makes the engine treat the ranks as one host's (engine.cc,
+  // attachRingsAndLane): control rings and the fast lane in shared memory,
+  // while the data still moves through this plane.
+  FakeBackend(std::shared_ptr<Hub> hub, int rank, int fail_allreduce_at, bool as_bug,
+              const char* name)
+      : hub_(std::move(hub)), rank_(rank), fail_at_(fail_allreduce_at), as_bug_(as_bug),
+        name_(name) {}
+  const char* name() const override { return name_; }
 
   void allreduce(void* buf, size_t count, DataType dtype, ReduceOp op) override {
     const size_t bytes = count * dataTypeSize(dtype);
@@ -124,6 +130,7 @@ class FakeBackend : public Backend {
   const int rank_;
   const int fail_at_;
   const bool as_bug_;
+  const char* const name_;
   int allreduces_ = 0;
   uint64_t round_ = 0;
 };
@@ -141,9 +148,11 @@ struct Job {
 
 // Starts n in-process ranks; `tweak` adjusts each rank's config;
 // `fail_rank`'s backend throws at its `fail_at`-th allreduce (InternalError
-// if `as_bug`, else a transport failure).
+// if `as_bug`, else a transport failure); `plane`: the fake plane's name
+// (FakeBackend).
 std::unique_ptr<Job> startJob(int n, const std::function<void(EngineConfig&)>& tweak = nullptr,
-                              int fail_rank = -1, int fail_at = -1, bool as_bug = false) {
+                              int fail_rank = -1, int fail_at = -1, bool as_bug = false,
+                              const char* plane = "fake") {
   auto job = std::make_unique<Job>();
   job->hub = std::make_shared<Hub>(n);
   job->engines.resize(n);
@@ -165,11 +174,11 @@ std::unique_ptr<Job> startJob(int n, const std::function<void(EngineConfig&)>& t
       c.inline_threshold = 0;  // every op through the backend unless a test says
       if (tweak) tweak(c);
       auto hub = job->hub;
-      BackendFactory make = [hub, fail_rank, fail_at, as_bug](const Topology& topo,
-                                                              const EngineConfig&, StoreClient&,
-                                                              const std::string&) {
-        return std::unique_ptr<Backend>(
-            new FakeBackend(hub, topo.rank, topo.rank == fail_rank ? fail_at : -1, as_bug));
+      BackendFactory make = [hub, fail_rank, fail_at, as_bug, plane](
+                                const Topology& topo, const EngineConfig&, StoreClient&,
+                                const std::string&) {
+        return std::unique_ptr<Backend>(new FakeBackend(
+            hub, topo.rank, topo.rank == fail_rank ? fail_at : -1, as_bug, plane));
       };
       try {
         job->engines[r] = Engine::start(t, c, make, 1, nullptr, std::make_unique<MemoryStore>(store));
@@ -192,7 +201,8 @@ struct Op {
 };
 
 std::shared_ptr<Op> allreduce(Engine& e, const std::string& name, std::vector<float> data,
-                              ReduceOp op = ReduceOp::kSum, bool wake = true) {
+                              ReduceOp op = ReduceOp::kSum,
+                              SubmitMode mode = SubmitMode::kAsync) {
   auto o = std::make_shared<Op>();
   o->in = std::move(data);
   o->out.resize(o->in.size());
@@ -204,7 +214,7 @@ std::shared_ptr<Op> allreduce(Engine& e, const std::string& name, std::vector<fl
   entry.request.shape = {static_cast<int64_t>(o->in.size())};
   entry.input = o->in.data();
   entry.output = o->out.data();
-  o->work = e.enqueue(std::move(entry), wake);
+  o->work = e.enqueue(std::move(entry), mode);
   return o;
 }
 
@@ -269,7 +279,8 @@ TEST(ops_submitted_together_are_fused_into_one_backend_call) {
   onEveryRank(*job, [&](int r, Engine& e) {
     std::vector<std::shared_ptr<Op>> ops;
     for (int i = 0; i < 8; ++i)  // asleep until the last: one batch
-      ops.push_back(allreduce(e, "g" + std::to_string(i), {float(i + r)}, ReduceOp::kSum, i == 7));
+      ops.push_back(allreduce(e, "g" + std::to_string(i), {float(i + r)}, ReduceOp::kSum,
+                              i == 7 ? SubmitMode::kAsync : SubmitMode::kGroupMember));
     for (int i = 0; i < 8; ++i) {
       CHECK(waitFor(*ops[i]).ok());
       CHECK_EQ(ops[i]->out[0], float(2 * i + 1));
@@ -402,6 +413,71 @@ TEST(a_stalled_rank_fails_the_job_after_the_shutdown_time_naming_it) {
   CHECK(s.message.find("ranks [1]") != std::string::npos);
   CHECK(took >= std::chrono::seconds(2));  // not before the shutdown time
   CHECK(took < std::chrono::seconds(30));  // and it ends: no hang (bound generous for load)
+}
+
+// ------------------------------------------------------ one host: the lane
+
+// Ranks on one host (the fake plane named "shm"), with a patience far past
+// any scheduling delay; `defer`: HVD_TORCH_FAST_LANE_DEFER_US.
+std::unique_ptr<Job> startOneHostJob(int n, std::chrono::microseconds defer) {
+  return startJob(
+      n,
+      [defer](EngineConfig& c) {
+        c.caller_spin = std::chrono::seconds(2);
+        c.lane_defer = defer;
+      },
+      -1, -1, false, "shm");
+}
+
+// Waits for `o` as a kernel's caller does: driving the engine first.
+Status driveAndWait(Engine& e, const std::shared_ptr<Op>& o) {
+  e.drive(*o->work);
+  return waitFor(*o);
+}
+
+// A blocking op of a cached name runs on the lane; K async ops then their
+// waits run there too, each deferred until its caller waits; an async op
+// whose caller waits without driving (elsewhere) goes to the engine through
+// the watch thread. Every result is the sum.
+TEST(on_one_host_the_lane_runs_cached_ops_and_defers_async_ones) {
+  auto job = startOneHostJob(2, std::chrono::milliseconds(1));
+  onEveryRank(*job, [&](int r, Engine& e) {
+    for (int step = 0; step < 10; ++step) {
+      auto b = allreduce(e, "blocking", {float(r + step)}, ReduceOp::kSum,
+                         SubmitMode::kCallerWaits);
+      CHECK(driveAndWait(e, b).ok());
+      CHECK_EQ(b->out[0], float(1 + 2 * step));
+      std::vector<std::shared_ptr<Op>> burst;
+      for (int i = 0; i < 3; ++i)
+        burst.push_back(allreduce(e, "async." + std::to_string(i), {float(r + i)}));
+      for (int i = 0; i < 3; ++i) {
+        CHECK(driveAndWait(e, burst[i]).ok());
+        CHECK_EQ(burst[i]->out[0], float(1 + 2 * i));
+      }
+    }
+    auto elsewhere = allreduce(e, "async.0", {float(r)});
+    CHECK(waitFor(*elsewhere).ok());
+    CHECK_EQ(elsewhere->out[0], 1.f);
+  });
+  for (auto& e : job->engines) {
+    CHECK(e->laneOps() > 0);
+    CHECK(!e->laneOff());
+  }
+}
+
+// Shutdown completes an async op the lane still holds with an error.
+TEST(on_one_host_shutdown_fails_the_deferred_ops) {
+  auto job = startOneHostJob(2, std::chrono::seconds(60));
+  std::vector<std::shared_ptr<Op>> held(2);
+  onEveryRank(*job, [&](int r, Engine& e) {
+    auto first = allreduce(e, "x", {float(r)});  // through the engine: the lane learns "x"
+    CHECK(driveAndWait(e, first).ok());
+    held[r] = allreduce(e, "x", {float(r)});
+  });
+  for (int r = 0; r < 2; ++r) CHECK(!held[r]->work->done());  // deferred: nobody waited
+  onEveryRank(*job, [&](int, Engine& e) { e.shutdown(); });
+  // Its own shutdown, or the peer's seen first (a peer failure): an error, no hang.
+  for (int r = 0; r < 2; ++r) CHECK(!waitFor(*held[r]).ok());
 }
 
 int main() { return check::runAll(); }

@@ -324,7 +324,7 @@ TEST(allgather_alltoall_broadcast_and_reducescatter_on_3_ranks) {
 
 int main() { return check::runAll(); }
 
-// Deferred submissions (the engine's async ops, engine_deferred.cc): each
+// Deferred submissions (the lane's async ops, lane.h; test_lane.cc): each
 // rank takes its tickets for two names in submission order, then resolves
 // them when its caller waits; resolving in the same order on every rank, all
 // of them run on the lane. A rank that resolves without attempting (a poll,

@@ -1,4 +1,4 @@
-"""Deferred async ops (csrc/core/engine_deferred.cc): an async op of a cached name waits
+"""Deferred async ops (csrc/core/lane.h): an async op of a cached name waits
 for its caller to synchronize and then runs on the fast lane, where the other ranks'
 callers meet it in one pass. Results match for every async op; the lane runs them; a
 rank whose caller waits elsewhere (not in hvd) does not hold the others (the watch
