@@ -6,11 +6,12 @@
 // for a 4-byte allreduce that is as much as the collective itself. Where the
 // dispatcher would add nothing, these call the same runner directly, one
 // generic entry per runner that parses the arguments into the op's options
-// through their field list (csrc/core/op_options.h). Anything else (a tensor subclass, a tensor needing autograd or carrying
-// conjugate/negative bits, tracing, a dispatch or torch-function mode,
-// inference mode) returns Python's NotImplemented ("not taken", every entry
-// alike) and hvd_torch/ops.py calls the torch op. torch.compile never gets
-// here: ops.py and grouped.py check is_compiling() first.
+// through their field list (csrc/core/op_options.h). Anything else (a tensor
+// subclass, a tensor needing autograd or carrying conjugate/negative bits,
+// tracing, a dispatch or torch-function mode, inference mode) returns Python's
+// NotImplemented ("not taken", every entry alike) and the wrapper's call
+// helper (hvd_torch/op_call.py) calls the torch op. torch.compile never gets
+// here: the helper checks is_compiling() first.
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
