@@ -175,6 +175,9 @@ def _labelled(workdir):
     hvd.init()
     r = hvd.rank()
     hvd.start_timeline(os.path.join(workdir, f"t{r}.json"))
+    # Rank 0's timeline records a peer's request as it arrives: rank 1 sends its
+    # first op only once rank 0's timeline runs, or that op's row lacks its tick.
+    hvd.barrier()
     x, ops = torch.ones(2), torch.ops.hvd_torch
     # timeline_label, the allreduce schemas' last argument: each rank its own.
     ops.allreduce(x, "lab.op", 1, 1.0, 1.0, 0, f"op by {r}")
