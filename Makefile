@@ -105,11 +105,14 @@ bench: bench-setup
 # torch, no sockets; about a minute). Writes bench/results/<time>-control-plane.json
 # and its plot (.png, when matplotlib is installed: make bench-setup).
 SCALE_ARGS ?= --reps 5
+# Then issue #47's agreement of cached ops without rank 0, N = 2..16384 (10 s).
+AGREEMENT_ARGS ?=
 bench-scale:
 	$(MAKE) -C bench/cpp
 	mkdir -p bench/results
 	bench/cpp/build/control_plane_scale $(SCALE_ARGS) --json bench/results/$(BENCH_STAMP)-control-plane.json
 	python bench/control_plane_plot.py bench/results/$(BENCH_STAMP)-control-plane.json
+	bench/cpp/build/agreement_scale $(AGREEMENT_ARGS) --json bench/results/$(BENCH_STAMP)-agreement.json
 
 # How fast two cores hand each other 256 KiB, with plain and with streaming
 # stores, window by window (bench/cpp/core_link.cc; no torch, about 10 s): on a

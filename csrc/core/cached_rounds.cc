@@ -10,7 +10,6 @@ namespace hvd {
 CachedRounds::CachedRounds(size_t capacity, size_t fusion_threshold)
     : capacity_(capacity),
       fusion_threshold_(fusion_threshold),
-      slots_(capacity),
       submitted_(words(), 0),
       stale_(words(), 0),
       others_(words(), 0) {}
@@ -26,6 +25,7 @@ AgreementLayout CachedRounds::layout() const {
 void CachedRounds::learn(int32_t slot, ReadyOp op, bool member) {
   if (slot < 0 || static_cast<size_t>(slot) >= capacity_)
     throw std::out_of_range("CachedRounds::learn: slot " + std::to_string(slot));
+  if (static_cast<size_t>(slot) >= slots_.size()) slots_.resize(slot + 1);
   Slot& s = slots_[slot];
   if (!s.known) ++learnt_;
   s.known = true;
@@ -36,7 +36,7 @@ void CachedRounds::learn(int32_t slot, ReadyOp op, bool member) {
 }
 
 const ReadyOp* CachedRounds::find(int32_t slot) const {
-  if (slot < 0 || static_cast<size_t>(slot) >= capacity_ || !slots_[slot].known) return nullptr;
+  if (slot < 0 || static_cast<size_t>(slot) >= slots_.size() || !slots_[slot].known) return nullptr;
   return &slots_[slot].op;
 }
 
@@ -80,7 +80,7 @@ std::vector<uint64_t> CachedRounds::vector() {
 }
 
 void CachedRounds::forget(size_t s, Outcome& out) {
-  if (s >= capacity_ || !slots_[s].known) return;
+  if (s >= slots_.size() || !slots_[s].known) return;
   const uint64_t b = uint64_t{1} << (s % 64);
   const bool submitted = submitted_[s / 64] & b;
   if (submitted || (stale_[s / 64] & b)) out.stale.push_back(static_cast<int32_t>(s));

@@ -93,7 +93,7 @@ class CachedRounds {
 
   size_t capacity_;
   size_t fusion_threshold_;
-  std::vector<Slot> slots_;
+  std::vector<Slot> slots_;  // up to the highest slot learnt: memory by what is cached
   size_t learnt_ = 0;
   std::vector<uint64_t> submitted_;  // bit per slot
   std::vector<uint64_t> stale_;      // bit per slot

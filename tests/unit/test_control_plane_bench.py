@@ -36,3 +36,31 @@ def test_control_plane_scale_runs(tmp_path):
         for key in ("cached_us_per_op", "new_us_per_op", "bytes_per_rank", "slot_bytes_per_rank"):
             assert len(p[key]) == 2 and all(v > 0 for v in p[key]), (p["ranks"], key, p[key])
     assert "    64  " in run.stdout, run.stdout  # the table's last row
+
+
+def test_agreement_scale_runs(tmp_path):
+    """Issue #47's bench: every simulated rank's outcome is checked by the binary
+    (one fused response of every op, in slot order); here the figures' shape and
+    what does not depend on time: messages and bytes per rank grow by one message
+    per doubling, and the critical path is log2 N messages."""
+    if shutil.which("g++") is None or shutil.which("make") is None:
+        pytest.skip("needs g++ and make")
+    build = subprocess.run(
+        ["make", "--no-print-directory", "-C", str(ROOT / "tests/cpp"), "build/agreement_scale"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert build.returncode == 0, build.stdout + build.stderr
+    out = tmp_path / "agreement.json"
+    run = subprocess.run(
+        [str(ROOT / "tests/cpp/build/agreement_scale"), "--max-ranks", "256", "--messages", "3000",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    points = json.loads(out.read_text())["points"]
+    assert [p["ranks"] for p in points] == [2, 4, 8, 16, 32, 64, 128, 256]
+    for log2n, p in enumerate(points, start=1):
+        assert p["messages_per_rank"] == log2n, p
+        assert p["path_messages"] == log2n, p
+        assert p["bytes_per_rank"] == log2n * points[0]["bytes_per_rank"], p
+        assert p["rank0_us_per_op"] > 0 and p["rank0_bytes"] > 0, p
+    # Rank 0's memory does not depend on N (the same cache learnt at every size).
+    assert max(p["rank0_bytes"] for p in points) < 1.1 * min(p["rank0_bytes"] for p in points)
