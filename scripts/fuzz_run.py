@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ["message", "control_frames", "host_record", "frame_socket", "byte_ring",
-           "store_client", "shm_peer", "endpoint"]
+           "store_client", "shm_peer", "endpoint", "agreement"]
 STATUS_LINE = re.compile(r"^#(\d+)\s+\S+\s+cov: (\d+) ft: (\d+) corp: (\d+)/")
 STAT = re.compile(r"^stat::(\w+):\s+(\d+)")
 ARTIFACTS = ("crash-", "oom-", "timeout-", "leak-", "slow-unit-")

@@ -14,6 +14,7 @@
 #include "backends/host_record.h"
 #include "backends/shm/shm_peer.h"
 #include "core/address.h"
+#include "core/bit_agreement.h"
 #include "core/control_frames.h"
 
 using namespace hvd;
@@ -212,6 +213,56 @@ void endpoint() {
   write("endpoint", "v6", Endpoint{"::1", 65535}.encode());
 }
 
+std::string u64(uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
+
+std::string u64s(const std::vector<uint64_t>& words) {
+  std::string out;
+  for (uint64_t w : words) out += u64(w);
+  return out;
+}
+
+// fuzz_agreement's ops on a BitAgreement (see that file's grammar).
+constexpr int kSchedules = 0x80;  // a sender byte: the one the schedule names
+constexpr int kThisRound = 1, kNextRound = 2, kTwoOn = 3;  // a round byte
+std::string agreementOf(int size, int rank, int and_words, int or_words, int max_words) {
+  return byte(1) + byte(size - 1) + byte(rank) + byte(and_words) + byte(or_words) + byte(max_words);
+}
+std::string startOp(const std::vector<uint64_t>& mine) { return byte(0) + u64s(mine); }
+std::string rawOp(const std::string& bytes, int from) {
+  return byte(1) + byte(static_cast<int>(bytes.size())) + bytes + byte(from);
+}
+// `step`: the step, or log2(P) + 2 for a poke; `count` 0: the right one.
+std::string builtOp(int step, int from, int round, const std::vector<uint64_t>& words, int count = 0) {
+  return byte(2) + byte(step) + byte(from) + byte(round) + byte(count) + u64s(words);
+}
+
+void agreement() {
+  const AgreementMessage step{7, 1, {~0ull, 0x5a5a, 3}};
+  const AgreementMessage poke{7, AgreementMessage::kPokeStep, {}};
+  // Decode: a byte picks the word count (3 is 3, 2 is 2), then the message.
+  write("agreement", "step", byte(0) + byte(3) + step.encode());
+  write("agreement", "poke", byte(0) + byte(3) + poke.encode());
+  write("agreement", "cut", byte(0) + byte(3) + step.encode().substr(0, 20));
+  write("agreement", "wrong_count", byte(0) + byte(2) + step.encode());
+  // Two ranks, rank 0: a round with rank 1, whose next round's message comes
+  // early (through the encoder) and ends the next round at its start.
+  write("agreement", "two_ranks",
+        agreementOf(2, 0, 1, 0, 0) + startOp({~0ull}) + builtOp(1, kSchedules, kThisRound, {0xf0f0}) +
+            rawOp(AgreementMessage{2, 1, {5}}.encode(), kSchedules) + startOp({~0ull}));
+  // Three ranks, rank 2 (the extra one): poked, starts, hands over, gets the result.
+  write("agreement", "extra_rank",
+        agreementOf(3, 2, 1, 1, 1) + builtOp(3, kSchedules, kNextRound, {}) + startOp({1, 2, 3}) +
+            builtOp(2, kSchedules, kThisRound, {4, 5, 6}));
+  // Five ranks, rank 0: pokes rank 4, hears it at step 0, then ranks 1 and 2;
+  // then a message from rank 2 at step 1 two rounds on, and one of 3 words
+  // (count byte 0xe3, odd) straight into receive().
+  std::string five = agreementOf(5, 0, 1, 0, 1) + startOp({~0ull, 9});
+  for (int s = 0; s <= 2; ++s) five += builtOp(s, kSchedules, kThisRound, {~0ull - s, uint64_t(s)});
+  five += builtOp(1, 3, kTwoOn, {0, 0});
+  five += builtOp(1, kSchedules, kNextRound, {1, 2, 3}, 0xe3);
+  write("agreement", "five_ranks", five);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -228,5 +279,6 @@ int main(int argc, char** argv) {
   byteRing();
   shmPeer();
   endpoint();
+  agreement();
   return 0;
 }

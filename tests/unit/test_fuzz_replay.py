@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ["message", "control_frames", "host_record", "frame_socket", "byte_ring",
-           "store_client", "shm_peer", "endpoint"]
+           "store_client", "shm_peer", "endpoint", "agreement"]
 CLOSING = re.compile(r"^(\d+) passed, (\d+) failed$")
 # make and the replay binaries are processes, but no rank or launcher: like the C++
 # units, they are the C++ half of the unit tier (conftest.py's "cpp" marker).
