@@ -52,6 +52,15 @@ int BitAgreement::sendsPerRound() const {
   return log2p_ + (rank_ < extras_ ? 1 : 0);
 }
 
+std::vector<int> BitAgreement::partners() const {
+  std::vector<int> out;
+  if (rank_ >= pow2_) return {rank_ - pow2_};
+  for (int j = 0; j < log2p_; ++j) out.push_back(rank_ ^ (1 << j));
+  if (rank_ < extras_) out.push_back(rank_ + pow2_);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 int BitAgreement::senderOf(int step) const {
   if (step == AgreementMessage::kPokeStep) return rank_ >= pow2_ ? rank_ - pow2_ : -1;
   if (step == 0) return rank_ < extras_ ? rank_ + pow2_ : -1;
@@ -90,7 +99,7 @@ Status BitAgreement::receive(int from, AgreementMessage m) {
   // A poke may come after the round it announced began here anyway (the
   // rank it pokes started on its own): nothing to keep, nothing wrong.
   if (m.step == AgreementMessage::kPokeStep && m.round <= round_ && m.words.empty() &&
-      from == senderOf(m.step))
+      from >= 0 && from == senderOf(m.step))
     return Status();
   // Which box: while active, this round or the next; between rounds, the next.
   int box;
@@ -105,7 +114,7 @@ Status BitAgreement::receive(int from, AgreementMessage m) {
   if (m.step != AgreementMessage::kPokeStep && m.step > log2p_ + 1)
     return refuse("no such step");
   const int expected = senderOf(m.step);
-  if (expected != from) {
+  if (expected < 0 || expected != from) {
     return refuse(expected < 0 ? "this rank receives nothing at that step"
                                : "that step's sender is rank " + std::to_string(expected));
   }

@@ -87,6 +87,9 @@ class BitAgreement {
   // The combined vector of the last finished round.
   const std::vector<uint64_t>& result() const { return result_; }
 
+  // The ranks this rank exchanges messages with (each way), ascending.
+  std::vector<int> partners() const;
+
   // The schedule's numbers, for the bench and the docs.
   int stepsPerRound() const { return log2p_ + 2; }
   // Messages this rank sends per round.

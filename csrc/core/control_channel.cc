@@ -7,17 +7,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <deque>
-#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
 
 #include "address.h"
 #include "control_frames.h"
-#include "hmac_sha256.h"
 #include "log.h"
 #include "process_sets.h"
+#include "rank_handshake.h"
 #include "wire.h"
 
 namespace hvd {
@@ -25,46 +23,6 @@ namespace hvd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The largest frame before a rank has proven itself, either way: a hello, a
-// challenge or a proof is under 100 bytes; 4 KiB as the store allows.
-constexpr uint32_t kHandshakeFrameLimit = 4096;
-// The largest frame after it (FrameSocket::limitFrames): a control frame is
-// a list of requests or responses, about 100 bytes per tensor plus its name;
-// a million tensors with long names stay under this, and a peer's length
-// header can no longer ask for 4 GiB.
-constexpr uint32_t kMaxControlFrame = 256u << 20;
-// How long one connection may take over its handshake: two round trips for a
-// rank, so seconds are plenty; an idle or slow stranger is dropped after it.
-constexpr std::chrono::milliseconds kHandshakeTimeout{5000};
-// Connections accepted in one turn of the loop before the others get a look.
-constexpr int kAcceptsPerTurn = 64;
-
-// HMAC-SHA256(secret, "hvd-torch control <role>" | version | rank | client
-// nonce | server nonce): the rank binds each proof to the connection's
-// claim, the role keeps one side's proof from serving as the other's.
-std::string handshakeProof(const char* role, const std::string& secret, uint32_t rank,
-                           const std::string& client_nonce, const std::string& server_nonce) {
-  Writer w;
-  const std::string purpose = std::string("hvd-torch control ") + role;
-  w.putBytes(purpose.data(), purpose.size());
-  w.put<uint32_t>(kControlProtocolVersion);
-  w.put<uint32_t>(rank);
-  w.putBytes(client_nonce.data(), client_nonce.size());
-  w.putBytes(server_nonce.data(), server_nonce.size());
-  const Digest256 d = hmacSha256(secret, w.buffer());
-  return std::string(reinterpret_cast<const char*>(d.data()), d.size());
-}
-
-// One connection to rank 0 that has not proven itself yet.
-struct Pending {
-  std::unique_ptr<FrameSocket> sock;
-  Clock::time_point deadline;
-  bool challenged = false;  // hello read, challenge sent: a proof comes next
-  uint32_t rank = 0;
-  std::string client_nonce;
-  std::string server_nonce;
-};
 
 }  // namespace
 
@@ -76,19 +34,9 @@ void ControlChannel::connect(StoreClient& store, const std::string& prefix) {
   }
 }
 
-// Rank 0 handshakes every connection at once, never blocking on one: poll()
-// over the listener and every pending connection, each with its own short
-// deadline, at most `max_pending` of them (a new one drops the oldest that
-// has not said hello, else the oldest), each
-// holding at most one handshake frame. So an idle, slow or flooding stranger
-// costs a socket and 4 KiB for 5 s at most, and the ranks behind it connect
-// as fast as without it. Messages: hello, challenge, proof per rank (52, 80
-// and 40 bytes with their length headers), then the welcome.
+// Rank 0 handshakes every connection at once, never blocking on one
+// (rank_handshake.h's acceptRanks), then welcomes every rank.
 void ControlChannel::connectCoordinator(StoreClient& store, const std::string& prefix) {
-  const auto deadline = Clock::now() + config_.start_timeout;
-  const auto handshake_timeout = std::min<std::chrono::milliseconds>(kHandshakeTimeout,
-                                                                     config_.start_timeout);
-  const size_t max_pending = 4 * static_cast<size_t>(topology_.size) + 64;
   // One host: loopback only. Several: the address peers reach us at (address.h).
   const std::string address =
       topology_.cross_size == 1 ? std::string("127.0.0.1") : localAddress(config_);
@@ -96,134 +44,24 @@ void ControlChannel::connectCoordinator(StoreClient& store, const std::string& p
   int listen_fd = listenTcp(address, &port);
   ::fcntl(listen_fd, F_SETFL, ::fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
   store.set(prefix + "control", Endpoint{address, port}.encode());
-  workers_.resize(topology_.size);
-  std::deque<Pending> pending;
-  int connected = 0;
-
-  // One step of a pending connection's handshake, on what it sent. False:
-  // drop it (a stranger, a wrong proof, a protocol error, or it went away).
-  auto advance = [&](Pending& p) -> bool {
-    std::vector<std::string> frames;
-    const bool open = p.sock->readAvailable(frames);
-    if (frames.size() > 1) return false;  // a rank waits for each answer
-    if (frames.empty()) {
-      if (open && p.sock->wantsWrite()) p.sock->flush();
-      return open;
-    }
-    if (!p.challenged) {
-      const Hello h = decodeHello(frames[0]);
-      if (h.version != kControlProtocolVersion) {
-        HVD_LOG(kWarning) << "rank 0 refused a connection that speaks control protocol version "
-                          << h.version << "; this rank 0 speaks version "
-                          << kControlProtocolVersion << " (run the same hvd-torch everywhere)";
-        Challenge refusal;  // our version alone: the rank names both and fails
-        p.sock->send(encodeChallenge(refusal));
-        return false;
-      }
-      if (h.rank == 0 || h.rank >= static_cast<uint32_t>(topology_.size) || workers_[h.rank] ||
-          h.nonce.size() != kHandshakeNonceBytes) {
-        return false;
-      }
-      p.rank = h.rank;
-      p.client_nonce = h.nonce;
-      p.server_nonce = randomBytes(kHandshakeNonceBytes);
-      Challenge c;
-      c.nonce = p.server_nonce;
-      c.proof = handshakeProof("server", config_.secret, p.rank, p.client_nonce, p.server_nonce);
-      p.sock->send(encodeChallenge(c));
-      p.challenged = true;
-      return open;
-    }
-    const std::string proof = decodeProof(frames[0]);
-    const std::string want =
-        handshakeProof("client", config_.secret, p.rank, p.client_nonce, p.server_nonce);
-    if (!constantTimeEqual(proof, want) || workers_[p.rank]) return false;
-    p.sock->limitFrames(kMaxControlFrame);
-    workers_[p.rank] = std::move(p.sock);
-    ++connected;
-    return false;  // out of the pending list, into workers_
-  };
-
-  // Room for a new connection: the oldest that has not said hello goes first,
-  // so connections that only connected never push out a rank mid-handshake
-  // (a round trip); only when every one has said hello does the oldest go.
-  auto dropOldest = [&pending]() {
-    auto victim = std::find_if(pending.begin(), pending.end(),
-                               [](const Pending& p) { return !p.challenged; });
-    pending.erase(victim != pending.end() ? victim : pending.begin());
-  };
-
-  std::vector<pollfd> fds;
-  while (connected < topology_.size - 1) {
-    auto now = Clock::now();
-    // Deadlines grow with arrival order, and the order is kept (dropOldest
-    // erases, never reorders): the expired are at the front.
-    while (!pending.empty() && pending.front().deadline <= now) pending.pop_front();
-    if (now >= deadline) {
-      ::close(listen_fd);
-      std::vector<int> missing;
-      for (int r = 1; r < topology_.size; ++r)
-        if (!workers_[r]) missing.push_back(r);
-      throw std::runtime_error(missingRanksMessage(store, prefix, "not every rank connected") +
-                               "; ranks not connected to the coordinator: " + rankList(missing));
-    }
-    fds.assign(1, pollfd{listen_fd, POLLIN, 0});
-    for (const Pending& p : pending) {
-      fds.push_back(pollfd{p.sock->fd(), static_cast<short>(POLLIN | (p.sock->wantsWrite() ? POLLOUT : 0)), 0});
-    }
-    // Pending deadlines grow with arrival order: the front's is the earliest.
-    auto wake = pending.empty() ? deadline : std::min(deadline, pending.front().deadline);
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count();
-    if (::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(ms, 0) + 1)) < 0 &&
-        errno != EINTR) {
-      const int err = errno;
-      ::close(listen_fd);
-      throw std::runtime_error(std::string("rank 0's control listener: poll failed: ") +
-                               std::strerror(err));
-    }
-    // Handshakes first, then new connections (whose accepting may drop the oldest).
-    std::deque<Pending> kept;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      Pending& p = pending[i];
-      bool keep = true;
-      if (fds[i + 1].revents != 0) {
-        try {
-          keep = advance(p);
-        } catch (const WireError&) {
-          keep = false;  // a malformed frame: a stranger, dropped
-        } catch (const StatusError&) {
-          keep = false;  // the connection broke while we answered it
-        } catch (const std::bad_alloc&) {
-          // Nothing a stranger sends is meant to get here (its frames are
-          // capped at 4 KiB); if memory runs out anyway, drop it and say so.
-          HVD_LOG(kWarning) << "rank 0 ran out of memory while handshaking a connection; dropped it";
-          keep = false;
-        }
-      }
-      if (keep && p.sock) kept.push_back(std::move(p));
-    }
-    pending.swap(kept);
-    if (fds[0].revents & POLLIN) {
-      for (int i = 0; i < kAcceptsPerTurn; ++i) {
-        const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) {
-          // Out of descriptors: give back the oldest stranger's and go on next turn.
-          if ((errno == EMFILE || errno == ENFILE) && !pending.empty()) dropOldest();
-          break;
-        }
-        if (pending.size() >= max_pending) dropOldest();
-        Pending p;
-        p.sock = std::make_unique<FrameSocket>(fd);
-        // Anyone who reaches the port gets here: hold no more than a
-        // handshake frame for them until they prove the secret.
-        p.sock->limitFrames(kHandshakeFrameLimit);
-        p.deadline = Clock::now() + handshake_timeout;
-        pending.push_back(std::move(p));
-      }
-    }
+  AcceptOptions options;
+  options.purpose = "control";
+  options.secret = config_.secret;
+  options.who = "rank 0";
+  options.deadline = Clock::now() + config_.start_timeout;
+  options.max_pending = 4 * static_cast<size_t>(topology_.size) + 64;
+  std::vector<bool> expected(topology_.size, true);
+  expected[0] = false;
+  try {
+    workers_ = acceptRanks(listen_fd, expected, options, [&](const std::vector<int>& missing) {
+      return missingRanksMessage(store, prefix, "not every rank connected") +
+             "; ranks not connected to the coordinator: " + rankList(missing);
+    });
+  } catch (...) {
+    ::close(listen_fd);
+    throw;
   }
   ::close(listen_fd);
-  pending.clear();
   const std::string welcome = encodeWelcome();
   for (int r = 1; r < topology_.size; ++r) {
     workers_[r]->send(welcome);
@@ -246,42 +84,9 @@ void ControlChannel::connectWorker(StoreClient& store, const std::string& prefix
     throw std::runtime_error(missingRanksMessage(store, prefix, ("cannot reach rank 0 at " + where).c_str()));
   }
   to_coordinator_ = std::make_unique<FrameSocket>(fd);
-  // Until rank 0 has proven the secret, whatever answers is a stranger too.
-  to_coordinator_->limitFrames(kHandshakeFrameLimit);
-  const uint32_t rank = static_cast<uint32_t>(topology_.rank);
-  Hello hello;
-  hello.rank = rank;
-  hello.nonce = randomBytes(kHandshakeNonceBytes);
-  to_coordinator_->send(encodeHello(hello));
-  to_coordinator_->flushBlocking(config_.start_timeout);
-  const std::string unproven =
-      "hvd_torch rendezvous failed on rank " + std::to_string(rank) + ": rank 0 at " + where +
-      " could not prove it knows the job's secret (is something else listening on the port?)";
-  std::string frame;
-  if (!to_coordinator_->readOne(frame, deadline)) {
-    throw std::runtime_error(missingRanksMessage(store, prefix, "rank 0 did not answer this rank's hello"));
-  }
-  Challenge challenge;
-  try {
-    challenge = decodeChallenge(frame);
-  } catch (const WireError&) {
-    throw std::runtime_error(unproven);
-  }
-  if (challenge.version != kControlProtocolVersion) {
-    throw std::runtime_error("hvd_torch rendezvous failed on rank " + std::to_string(rank) +
-                             ": control protocol version mismatch: this rank speaks version " +
-                             std::to_string(kControlProtocolVersion) + ", rank 0 at " + where +
-                             " speaks version " + std::to_string(challenge.version) +
-                             " (run the same hvd-torch everywhere)");
-  }
-  const std::string want =
-      handshakeProof("server", config_.secret, rank, hello.nonce, challenge.nonce);
-  if (challenge.nonce.size() != kHandshakeNonceBytes || !constantTimeEqual(challenge.proof, want)) {
-    throw std::runtime_error(unproven);
-  }
-  to_coordinator_->send(
-      encodeProof(handshakeProof("client", config_.secret, rank, hello.nonce, challenge.nonce)));
-  to_coordinator_->flushBlocking(config_.start_timeout);
+  proveToPeer(*to_coordinator_, static_cast<uint32_t>(topology_.rank), "control", config_.secret,
+              "rank 0 at " + where, deadline, config_.start_timeout,
+              [&](const char* what) { return missingRanksMessage(store, prefix, what); });
   std::string welcome;
   if (!to_coordinator_->readOne(welcome, deadline)) {
     throw std::runtime_error(missingRanksMessage(store, prefix, "rank 0 did not see every rank"));

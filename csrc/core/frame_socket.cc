@@ -126,6 +126,8 @@ void FrameSocket::flushBlocking(std::chrono::milliseconds timeout) {
 }
 
 bool FrameSocket::readAvailable(std::vector<std::string>& frames) {
+  for (auto& f : held_) frames.push_back(std::move(f));
+  held_.clear();
   if (refused_) return false;
   bool open = true;
   char buf[65536];
@@ -192,8 +194,10 @@ bool FrameSocket::readOne(std::string& frame, std::chrono::steady_clock::time_po
     if (!readAvailable(frames) && frames.empty()) return false;
     if (!frames.empty()) {
       frame = std::move(frames[0]);
-      // Handshake frames come one at a time; anything after the first would
-      // be a protocol error, so it is dropped with the connection's state.
+      // What came with it (a partner's first message after its welcome)
+      // waits for the next read.
+      held_.assign(std::make_move_iterator(frames.begin() + 1),
+                   std::make_move_iterator(frames.end()));
       return true;
     }
     pollfd p{fd_, POLLIN, 0};

@@ -47,7 +47,8 @@ class FrameSocket {
   // kept) instead of being buffered: the handshake reads from anyone who can
   // connect, and a u32 length would otherwise let them make it hold 4 GiB.
   void limitFrames(uint32_t max_bytes) { max_frame_ = max_bytes; }
-  // Blocks until one frame arrives or the deadline passes (handshakes only).
+  // Blocks until one frame arrives or the deadline passes (handshakes only);
+  // frames that came with it are kept for readAvailable().
   bool readOne(std::string& frame, std::chrono::steady_clock::time_point deadline);
 
   // From now on frames go out through `out` and come in through `in` (both
@@ -55,7 +56,7 @@ class FrameSocket {
   void attachRings(ByteRing* out, ByteRing* in);
   bool hasRings() const { return in_ring_ != nullptr; }
   // Rings: a frame's bytes have arrived (readAvailable() will not be idle).
-  bool hasInput() const { return in_ring_ != nullptr && !in_ring_->empty(); }
+  bool hasInput() const { return !held_.empty() || (in_ring_ != nullptr && !in_ring_->empty()); }
   // Rings: before the engine sleeps in poll(); false when input came meanwhile.
   bool sleepIfIdle() { return in_ring_ == nullptr || in_ring_->sleepIfEmpty(); }
   void awake() {
@@ -79,6 +80,7 @@ class FrameSocket {
   uint32_t max_frame_ = UINT32_MAX;
   bool refused_ = false;  // a frame over max_frame_ arrived: the connection failed
   std::string inbox_;
+  std::vector<std::string> held_;  // frames readOne read past its one
   std::string outbox_;
 };
 
