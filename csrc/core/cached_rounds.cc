@@ -18,7 +18,7 @@ AgreementLayout CachedRounds::layout() const {
   AgreementLayout l;
   l.and_words = words();
   l.or_words = words() + 1;  // the stale bits, then the flags
-  l.max_words = 1;           // rank 0's dispatched batches
+  l.max_words = 2;           // rank 0's dispatched batches, its fusion threshold
   return l;
 }
 
@@ -40,13 +40,14 @@ const ReadyOp* CachedRounds::find(int32_t slot) const {
   return &slots_[slot].op;
 }
 
-void CachedRounds::submit(int32_t slot) {
+void CachedRounds::submit(int32_t slot, const Request& request) {
   if (find(slot) == nullptr)
     throw std::logic_error("CachedRounds::submit: slot " + std::to_string(slot) + " is not learnt");
   uint64_t& w = submitted_[slot / 64];
   const uint64_t b = uint64_t{1} << (slot % 64);
   if (w & b) throw std::logic_error("CachedRounds::submit: slot " + std::to_string(slot) + " twice");
   w |= b;
+  if (&slots_[slot].op.request != &request) slots_[slot].op.request = request;
   ++waiting_;
   news_ = true;
 }
@@ -62,6 +63,18 @@ void CachedRounds::setJoined(bool joined) {
   joined_ = joined;
 }
 
+void CachedRounds::announceFusionThreshold(size_t bytes) {
+  if (bytes != announced_threshold_) news_ = true;
+  announced_threshold_ = bytes;
+}
+
+void CachedRounds::staleAllSubmitted() {
+  for (size_t i = 0; i < submitted_.size(); ++i) {
+    if (submitted_[i] & ~stale_[i]) news_ = true;
+    stale_[i] |= submitted_[i];
+  }
+}
+
 void CachedRounds::setBatches(uint64_t dispatched) {
   if (dispatched != batches_) news_ = true;
   batches_ = dispatched;
@@ -75,6 +88,7 @@ std::vector<uint64_t> CachedRounds::vector() {
   for (size_t i = 0; i < n; ++i) v[n + i] = stale_[i];
   v[2 * n] = joined_ ? kSomeoneJoined : 0;
   v[2 * n + 1] = batches_;
+  v[2 * n + 2] = announced_threshold_;
   news_ = false;
   return v;
 }
@@ -133,7 +147,8 @@ CachedRounds::Outcome CachedRounds::apply(const std::vector<uint64_t>& result) {
     submitted_[s / 64] &= ~(uint64_t{1} << (s % 64));
     --waiting_;
   }
-  if (!ready.empty()) out.run = planFusion(std::move(ready), fusion_threshold_);
+  const uint64_t threshold = result[2 * n + 2] ? result[2 * n + 2] : fusion_threshold_;
+  if (!ready.empty()) out.run = planFusion(std::move(ready), threshold);
   return out;
 }
 

@@ -14,7 +14,9 @@
 //        (another shape, say): the slot is stale. Then one word of flags:
 //        kSomeoneJoined.
 //   MAX: the number of response batches rank 0's coordinator had dispatched
-//        when it made its vector (0 on the other ranks).
+//        when it made its vector, and rank 0's fusion threshold (the
+//        autotuner moves it); 0 on the other ranks. Every rank plans a
+//        round's fusion with the round's threshold, never its own copy.
 // After a round (apply()), in this order on every rank:
 //   1. the coordinator's batches up to the MAX word run first: they were
 //      decided before the round, and without this rule one rank could run a
@@ -54,14 +56,25 @@ class CachedRounds {
   const ReadyOp* find(int32_t slot) const;
   size_t learnt() const { return learnt_; }
 
-  // This rank submitted the slot's name with the slot's request.
-  void submit(int32_t slot);
+  // This rank submitted the slot's name with the slot's request. `request`:
+  // what fusion plans with, the same on every member (the engine makes it so:
+  // an allgather's first dimension is the set's first rank's, the device none).
+  void submit(int32_t slot, const Request& request);
+  void submit(int32_t slot) {
+    const ReadyOp* op = find(slot);
+    submit(slot, op ? op->request : Request());
+  }
   // This rank submitted the slot's name with another request.
   void invalidate(int32_t slot);
   void setJoined(bool joined);
   // Rank 0: response batches its coordinator has dispatched so far.
   void setBatches(uint64_t dispatched);
-  void setFusionThreshold(size_t bytes) { fusion_threshold_ = bytes; }
+  // Rank 0: the fusion threshold in force, announced in its vectors.
+  void announceFusionThreshold(size_t bytes);
+  // Every slot submitted here and not yet agreed turns stale at the next
+  // round: the ops go to rank 0 in full, where the stall inspector sees who
+  // is missing (the engine's answer to a cached op that waits too long).
+  void staleAllSubmitted();
 
   // Something to tell the others since the last vector(): a round is worth
   // starting (the other reason to start one is a peer's, BitAgreement's).
@@ -92,7 +105,8 @@ class CachedRounds {
   void forget(size_t slot, Outcome& out);
 
   size_t capacity_;
-  size_t fusion_threshold_;
+  size_t fusion_threshold_;    // when no rank announces one
+  uint64_t announced_threshold_ = 0;
   std::vector<Slot> slots_;  // up to the highest slot learnt: memory by what is cached
   size_t learnt_ = 0;
   std::vector<uint64_t> submitted_;  // bit per slot

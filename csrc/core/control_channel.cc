@@ -177,16 +177,28 @@ std::string ControlChannel::plane() const {
 }
 
 void ControlChannel::sendToAll(const std::string& frame) {
-  for (int rank = 1; rank < topology_.size; ++rank) workers_[rank]->send(frame);
+  for (int rank = 1; rank < topology_.size; ++rank)
+    if (workers_[rank]) workers_[rank]->send(frame);
 }
 
-void ControlChannel::sendToCoordinator(const std::string& frame) { to_coordinator_->send(frame); }
+void ControlChannel::dropWorker(int rank) { workers_.at(rank).reset(); }
+
+void ControlChannel::sendToCoordinator(const std::string& frame) {
+  if (!to_coordinator_) {
+    throw transportFailure("lost the control connection to rank 0 (the coordinator): it exited, "
+                           "crashed or called shutdown()");
+  }
+  to_coordinator_->send(frame);
+}
+
+void ControlChannel::dropCoordinator() { to_coordinator_.reset(); }
 
 bool ControlChannel::readFrom(int rank, std::vector<std::string>& frames) {
-  return workers_[rank]->readAvailable(frames);
+  return workers_[rank] && workers_[rank]->readAvailable(frames);
 }
 
 bool ControlChannel::readFromCoordinator(std::vector<std::string>& frames) {
+  if (!to_coordinator_) return false;
   const bool open = to_coordinator_->readAvailable(frames);
   // Rank 0's abort is its last frame. The responses read with it still run
   // (an inline result needs no peer); one that fails on the data plane asks

@@ -50,7 +50,14 @@ class ControlChannel {
   // Rank 0: sends a frame to every other rank. Others: to rank 0.
   void sendToAll(const std::string& frame);
   void sendToCoordinator(const std::string& frame);
-  // Rank 0: frames from `rank`; others: from rank 0. False once the peer closed.
+  // Rank 0: stops reading and writing `rank`'s connection (it said goodbye;
+  // its close follows). Frames to it are dropped from then on.
+  void dropWorker(int rank);
+  // Not rank 0: stops reading rank 0's closed connection (the engine decides
+  // whether anything still needs it); a later send fails as a lost peer.
+  void dropCoordinator();
+  // Rank 0: frames from `rank`; others: from rank 0. False once the peer
+  // closed (or was dropped).
   bool readFrom(int rank, std::vector<std::string>& frames);
   bool readFromCoordinator(std::vector<std::string>& frames);
 

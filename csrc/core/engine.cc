@@ -65,6 +65,7 @@ void Engine::connect(const BackendFactory& make_backend, DevicePlaneFactory make
     backend_ = make_backend(topology_, config_, *store_, prefix + "data/");
     // The data plane's choice is every rank's: the ranks share one host.
     if (std::string(backend_->name()) == "shm") attachRingsAndLane(prefix + "control/");
+    connectAgreement(prefix + "agreement/");
   }
   if (topology_.size == 1) sets_.setRendezvous(nullptr, "", make_backend, std::move(make_device));
   sets_.openGlobal(backend_.get());
@@ -139,6 +140,7 @@ void Engine::shutdown() {
   std::lock_guard<std::mutex> baton(baton_);  // a driver may still be in a round
   timeline_.stop();  // after the thread: its last events are in the file
   control_.close();
+  partners_.close();
   backend_.reset();
   store_.reset();
 }
@@ -212,6 +214,7 @@ bool Engine::cycle(bool background_thread) {
   try {
     if (lane_ && coordinator_) lane_->setPaused(timeline_.active());
     control_.flushAll();
+    if (agreement_) partners_.flushAll();
     takeSubmissions();
     if (coordinator_) {
       readWorkers();
@@ -219,6 +222,7 @@ bool Engine::cycle(bool background_thread) {
     } else {
       readCoordinator();
     }
+    if (agreement_) progressRounds();
   } catch (const StatusError& e) {
     fail(e.status);
   } catch (const InternalError& e) {
@@ -271,19 +275,22 @@ void Engine::takeSubmissions() {
     if (e.request.type == OpType::kJoin) {
       joined_ = true;
       if (lane_) lane_->joined(true);
-    }
-    // A cached op goes as its slot alone: rank 0's coordinator reads the
-    // request from the slot.
-    if (a.cache_id < 0) {
-      a.request = e.request;
-    } else {
-      cached_submissions_.fetch_add(1, std::memory_order_relaxed);
+      if (rounds_) rounds_->setJoined(true);
     }
     // A host-staged input is being copied from the GPU: every read below and
     // in the executor needs it complete.
     if (e.ready && e.request.plane != Plane::kDevice) {
       e.ready->synchronize();
       e.ready.reset();
+    }
+    // The ranks agree on a cached op among themselves (engine_agreement.cc).
+    if (agreement_ && cacheable && submitToAgreement(e, key)) continue;
+    // A cached op goes as its slot alone: rank 0's coordinator reads the
+    // request from the slot.
+    if (a.cache_id < 0) {
+      a.request = e.request;
+    } else {
+      cached_submissions_.fetch_add(1, std::memory_order_relaxed);
     }
     // Inline data flows through rank 0, which receives and sends (size - 1)
     // copies: worth it while that traffic stays below the threshold. The
@@ -309,17 +316,7 @@ void Engine::takeSubmissions() {
       e.inline_traffic = traffic;
       inline_in_flight_ += traffic;
     }
-    PendingTable::iterator added;
-    if (spare_pending_.empty()) {
-      added = pending_.emplace(key, std::move(e)).first;
-    } else {
-      PendingTable::node_type node = std::move(spare_pending_.back());
-      spare_pending_.pop_back();
-      node.key() = key;
-      node.mapped() = std::move(e);
-      added = pending_.insert(std::move(node)).position;
-    }
-    own_requests_.push_back(&added->second.request);
+    own_requests_.push_back(&addPending(key, std::move(e)).request);
     arrivals.push_back(std::move(a));
   }
   fresh.clear();
@@ -331,6 +328,20 @@ void Engine::takeSubmissions() {
   arrivals.clear();
   own_requests_.clear();
   if (coordinator_) dispatch(coordinator_->takeReady());
+}
+
+Entry& Engine::addPending(const std::string& key, Entry&& e) {
+  PendingTable::iterator added;
+  if (spare_pending_.empty()) {
+    added = pending_.emplace(key, std::move(e)).first;
+  } else {
+    PendingTable::node_type node = std::move(spare_pending_.back());
+    spare_pending_.pop_back();
+    node.key() = key;
+    node.mapped() = std::move(e);
+    added = pending_.insert(std::move(node)).position;
+  }
+  return added->second;
 }
 
 void Engine::arrive(Arrival a, const Request* own) {
@@ -357,10 +368,21 @@ void Engine::arrive(Arrival a, const Request* own) {
 void Engine::readWorkers() {
   for (int rank = 1; rank < topology_.size; ++rank) {
     std::vector<std::string> frames;
+    if (!departed_.empty() && departed_[rank]) continue;
     bool open = control_.readFrom(rank, frames);
     for (const auto& frame : frames) {
       WorkerFrame f = decodeWorkerFrame(frame, rank);
       if (f.kind == WorkerFrame::kBye) {
+        // With the agreement, a rank that leaves may still owe its partners
+        // the messages of a round it finished (they come before its links
+        // close): only ops rank 0 negotiates need it from now on (below).
+        if (agreement_) {
+          if (departed_.empty()) departed_.assign(topology_.size, false);
+          departed_[rank] = true;
+          control_.dropWorker(rank);
+          open = true;
+          break;
+        }
         throw transportFailure("rank " + std::to_string(rank) +
                                " called shutdown(); collectives that need it cannot complete");
       }
@@ -372,6 +394,11 @@ void Engine::readWorkers() {
     }
   }
   dispatch(coordinator_->takeReady());
+  if (!departed_.empty() && coordinator_->hasWaiting()) {
+    const int gone = static_cast<int>(std::find(departed_.begin(), departed_.end(), true) - departed_.begin());
+    throw transportFailure("rank " + std::to_string(gone) +
+                           " called shutdown(); collectives that need it cannot complete");
+  }
 }
 
 void Engine::readCoordinator() {
@@ -387,9 +414,22 @@ void Engine::readCoordinator() {
       tunables_ = f.tunables;
       continue;
     }
+    if (agreement_) {
+      // Run at the round that counts this batch, as on every rank.
+      batches_.push_back(std::move(f.responses));
+      ++batches_seen_;
+      continue;
+    }
     for (const Response& r : f.responses) run(r);
   }
-  if (!open) {
+  if (!open && agreement_ && !coordinator_gone_) {
+    // Rank 0 may have left after its last op, whose batch and round this rank
+    // still finishes (progressRounds decides what can still complete).
+    coordinator_gone_ = true;
+    control_.dropCoordinator();
+    return;
+  }
+  if (!open && !coordinator_gone_) {
     throw transportFailure("lost the control connection to rank 0 (the coordinator): it exited, "
                            "crashed or called shutdown()");
   }
@@ -401,6 +441,16 @@ void Engine::dispatch(std::vector<Response> responses) {
     const std::string frame = encodeResponses(responses);
     control_.sendToAll(frame);
   }
+  if (agreement_) {
+    // Every rank runs it at the round that counts it (rank 0's MAX word).
+    batches_.push_back(std::move(responses));
+    rounds_->setBatches(++batches_seen_);
+    return;
+  }
+  runBatch(std::move(responses));
+}
+
+void Engine::runBatch(std::vector<Response> responses) {
   if (!timeline_.active()) {
     for (const auto& r : responses) run(r);
     return;
@@ -443,6 +493,7 @@ void Engine::applyTunables(const Tunables& t) {
     tunables_ = t;
   }
   coordinator_->setFusionThreshold(t.fusion_threshold);
+  if (rounds_) rounds_->announceFusionThreshold(t.fusion_threshold);
   // Ahead of any response sent after this one, on every rank's ordered stream.
   const std::string frame = encodeTunables(t);
   control_.sendToAll(frame);
@@ -528,6 +579,8 @@ void Engine::changeProcessSets(const Response& response, Entry& entry) {
 
 void Engine::run(const Response& response) {
   SetRuntime* set = sets_.find(response.process_set);
+  // Before anything that depends on this rank: every rank learns alike.
+  if (agreement_) learnSlots(response, set != nullptr);
   if (set == nullptr) return;  // another set's op: nothing for us to do
   HVD_LOG(kTrace) << "rank " << topology_.rank << ": run " << response.names.size()
                   << " op(s) of process set " << response.process_set << ", first '"
@@ -582,6 +635,7 @@ void Engine::run(const Response& response) {
     entries[0]->work->setLastJoinedRank(response.last_joined_rank);
     joined_ = false;
     if (lane_) lane_->joined(false);
+    if (rounds_) rounds_->setJoined(false);
   }
   Status status;
   switch (response.kind) {
@@ -708,6 +762,7 @@ void Engine::fail(const Status& status) {
   }
   for (auto& [name, e] : pending_) e.work->complete(status);
   pending_.clear();
+  partners_.close();
   // A submission that takeSubmissions was taking when it threw (the others
   // there were moved into pending_ and have no work left).
   for (Entry& e : taken_)

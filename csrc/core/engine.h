@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -36,6 +37,8 @@
 
 #include "autotune.h"
 #include "backend.h"
+#include "bit_agreement.h"
+#include "cached_rounds.h"
 #include "control_channel.h"
 #include "control_frames.h"
 #include "coordinator.h"
@@ -43,6 +46,7 @@
 #include "executor.h"
 #include "frame_socket.h"
 #include "lane.h"
+#include "partner_links.h"
 #include "process_sets.h"
 #include "shm_segment.h"
 #include "stall_inspector.h"
@@ -99,6 +103,10 @@ class Engine final : private Lane::Sink {
   // Submissions sent to rank 0 as a response-cache slot instead of a full
   // request (diagnostics, tests).
   uint64_t cachedSubmissions() const { return cached_submissions_.load(); }
+  // Cached ops run by an agreement among the ranks, without rank 0, and its
+  // rounds (diagnostics, tests; engine_agreement.cc); 0 when it is off.
+  uint64_t agreedOps() const { return agreed_ops_.load(); }
+  uint64_t agreementRounds() const { return agreement_rounds_.load(); }
   // Ops run on the fast lane, and lane arrivals that gave up waiting
   // (diagnostics, tests); 0 without a lane.
   uint64_t laneOps() const { return lane_ ? lane_->ranOps() : 0; }
@@ -174,6 +182,31 @@ class Engine final : private Lane::Sink {
   // Every rank on one host: rank 0 sizes the fast lane for the job, the
   // control rings carry it (null lane when off).
   void attachRingsAndLane(const std::string& prefix);
+
+  // Issue #47, engine_agreement.cc: cached ops agreed among the ranks, not
+  // negotiated by rank 0 (docs/control_plane_scale.md, "The agreement").
+  // Rank 0's setting decides for the job; off with the fast lane.
+  void connectAgreement(const std::string& prefix);
+  // takeSubmissions' part: true when the agreement took `e` (submitted, or
+  // held until its stale slot is forgotten); it is then in pending_.
+  bool submitToAgreement(Entry& e, const std::string& key);
+  // A response every rank runs: the slots it names, learnt by every rank
+  // (`member`: this rank is in its process set).
+  void learnSlots(const Response& response, bool member);
+  // Reads the partners, starts rounds, applies finished ones in order.
+  void progressRounds();
+  void readPartners();
+  void sendAgreement();
+  // A round's outcome, once rank 0's batches it counts have arrived.
+  bool applyOutcome();
+  // Ops of forgotten slots (or while a rank has joined): to rank 0 in full.
+  void renegotiate(const std::vector<int32_t>& slots);
+  // Rank 0's responses, run at the round that counts them (every rank alike).
+  void runBatch(std::vector<Response> responses);
+  // Cached ops that wait long go to rank 0, whose stall inspector names who
+  // is missing.
+  void checkAgreementStall();
+  Entry& addPending(const std::string& key, Entry&& e);
   // Rank 0: HOROVOD_TIMELINE and HOROVOD_AUTOTUNE at start().
   void startObservers();
   // Rank 0: the autotuner's new values, used here and sent to every rank.
@@ -241,6 +274,25 @@ class Engine final : private Lane::Sink {
   // memory is in control_'s segment: declared after it.
   std::unique_ptr<Lane> lane_;
   StallInspector stalls_{config_.stall_warning, config_.stall_shutdown};  // rank 0's
+
+  // The agreement (null when off) and its state, the baton holder's.
+  std::unique_ptr<BitAgreement> agreement_;
+  std::unique_ptr<CachedRounds> rounds_;
+  PartnerLinks partners_{topology_, config_};
+  int gone_partner_ = -1;  // a partner that closed its link
+  bool coordinator_gone_ = false;  // not rank 0: rank 0's connection closed
+  std::vector<bool> departed_;  // rank 0: ranks that said goodbye (by rank; empty: none)
+  std::vector<std::string> slot_keys_;  // learnt slot -> tableKey
+  std::unordered_map<std::string, int32_t> slot_of_key_;
+  std::deque<std::vector<Response>> batches_;  // rank 0's, received and not run
+  uint64_t batches_seen_ = 0;   // dispatched (rank 0) or received
+  uint64_t batches_run_ = 0;
+  uint64_t rounds_applied_ = 0;
+  bool outcome_pending_ = false;
+  CachedRounds::Outcome outcome_;
+  std::chrono::steady_clock::time_point agreed_progress_;  // the last agreed op's run
+  std::atomic<uint64_t> agreed_ops_{0};
+  std::atomic<uint64_t> agreement_rounds_{0};
 
   Timeline timeline_;
   Tunables tunables_;  // written by the background thread under mu_

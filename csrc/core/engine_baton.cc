@@ -38,7 +38,7 @@ void Engine::ringWakeFd() {
 
 bool Engine::inputWaiting() const {
   if (wake_posted_.load(std::memory_order_acquire)) return true;
-  return control_.hasInput();
+  return control_.hasInput() || partners_.hasInput();
 }
 
 bool Engine::waitForEvents(std::vector<pollfd>& fds, const std::vector<FrameSocket*>& owners,
@@ -244,7 +244,7 @@ bool Engine::drive(const Work& work) {
   // What is left for the background thread: ops waiting for peers, bytes a
   // full socket did not take, a stop or failure to act on.
   bool needs_engine = !running || !pending_.empty();
-  needs_engine = needs_engine || control_.hasOutput();
+  needs_engine = needs_engine || control_.hasOutput() || partners_.hasOutput();
   const int64_t drive_end = steadyNs();
   last_drive_end_ns_.store(drive_end);
   driving_.store(false);
@@ -259,6 +259,7 @@ bool Engine::drive(const Work& work) {
 
 void Engine::watchList(std::vector<pollfd>& fds, std::vector<FrameSocket*>& owners) const {
   control_.watchList(wake_fd_, fds, owners);
+  if (agreement_) partners_.watchList(fds, owners);
 }
 
 void Engine::loop() {
@@ -269,7 +270,11 @@ void Engine::loop() {
     watchList(fds, owners);
     // Rank 0 wakes once a second while ops wait for other ranks, to check
     // for stalls; otherwise the loop sleeps until something happens.
-    const bool watch = coordinator_ && config_.stall_check && coordinator_->hasWaiting();
+    // So does every rank while cached ops wait for an agreement, for its own
+    // stall check (checkAgreementStall).
+    const bool watch = config_.stall_check &&
+                       ((coordinator_ && coordinator_->hasWaiting()) ||
+                        (rounds_ && rounds_->waiting() > 0));
     if (!waitForEvents(fds, owners, watch ? 1000 : -1, baton)) {
       fail(Status::peerFailure(std::string("poll failed: ") + std::strerror(errno)));
       return;

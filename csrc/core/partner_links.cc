@@ -91,12 +91,15 @@ void PartnerLinks::connect(StoreClient& store, const std::string& prefix,
 }
 
 void PartnerLinks::send(int rank, const std::string& frame) {
-  links_.at(rank)->send(frame);
-  links_[rank]->flush();
+  FrameSocket* s = links_.at(rank).get();
+  if (s == nullptr) return;  // dropped: the caller has its failure
+  s->send(frame);
+  s->flush();
 }
 
 bool PartnerLinks::readFrom(int rank, std::vector<std::string>& frames) {
-  return links_.at(rank)->readAvailable(frames);
+  FrameSocket* s = links_.at(rank).get();
+  return s != nullptr && s->readAvailable(frames);
 }
 
 void PartnerLinks::watchList(std::vector<pollfd>& fds, std::vector<FrameSocket*>& owners) const {
@@ -113,6 +116,14 @@ bool PartnerLinks::hasOutput() const {
     if (links_[p] && links_[p]->hasOutput()) return true;
   return false;
 }
+
+bool PartnerLinks::hasInput() const {
+  for (int p : partners_)
+    if (links_[p] && links_[p]->hasInput()) return true;
+  return false;
+}
+
+void PartnerLinks::drop(int rank) { links_.at(rank).reset(); }
 
 void PartnerLinks::flushAll() {
   for (int p : partners_)

@@ -40,6 +40,10 @@ class PartnerLinks {
   // Appends each link's socket to a wait (owners: the sockets).
   void watchList(std::vector<pollfd>& fds, std::vector<FrameSocket*>& owners) const;
   bool hasOutput() const;
+  // Frames already read off a socket (poll() will not report them).
+  bool hasInput() const;
+  // Closes one partner's link (it closed its end).
+  void drop(int rank);
   void flushAll();
   void close();
 

@@ -97,6 +97,7 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.fast_lane = envInt("HVD_TORCH_FAST_LANE", core_each ? 1 : 0) != 0;
   c.fast_lane_bytes = static_cast<size_t>(std::max(0L, envInt("HVD_TORCH_FAST_LANE_BYTES", 64 << 10)));
   c.lane_defer = std::chrono::microseconds(std::max(0L, envInt("HVD_TORCH_FAST_LANE_DEFER_US", 1000)));
+  c.agreement = envInt("HVD_TORCH_AGREEMENT", 0) != 0;
   const std::string join_average = envString("HVD_TORCH_JOIN_AVERAGE", "size");
   if (join_average != "size" && join_average != "contributors") {
     throw std::invalid_argument("HVD_TORCH_JOIN_AVERAGE=" + join_average +

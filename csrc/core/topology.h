@@ -80,6 +80,12 @@ struct EngineConfig {
   // on the lane, for at most this long; then it goes to the engine (0: every
   // async op goes to the engine at once).
   std::chrono::microseconds lane_defer{1000};  // HVD_TORCH_FAST_LANE_DEFER_US
+  // Cached ops agreed among the ranks by rounds of recursive doubling, with
+  // no work for rank 0 (issue #47; docs/control_plane_scale.md). Rank 0's
+  // setting decides for the job; never with the fast lane (one host), which
+  // runs cached ops in one pass through shared memory. Off by default until
+  // the multi-host runs of issue #47 have passed on it.
+  bool agreement = false;  // HVD_TORCH_AGREEMENT
   // Average while some ranks have joined: over the whole set (false, Horovod)
   // or over the ranks that submitted (HVD_TORCH_JOIN_AVERAGE=contributors).
   bool join_average_contributors = false;  // HVD_TORCH_JOIN_AVERAGE

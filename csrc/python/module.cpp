@@ -70,6 +70,14 @@ PYBIND11_MODULE(_C, m) {
     auto engine = currentEngine();
     return engine ? engine->cachedSubmissions() : uint64_t{0};
   }, "Ops this process sent to rank 0 as a response-cache slot (Engine::cachedSubmissions).");
+  m.def("agreed_ops", [] {
+    auto engine = currentEngine();
+    return engine ? engine->agreedOps() : uint64_t{0};
+  }, "Cached ops this process ran by an agreement among the ranks, without rank 0 (issue #47).");
+  m.def("agreement_rounds", [] {
+    auto engine = currentEngine();
+    return engine ? engine->agreementRounds() : uint64_t{0};
+  }, "Rounds of the agreement this process finished (Engine::agreementRounds).");
   m.def("lane_ops", [] {
     auto engine = currentEngine();
     return engine ? engine->laneOps() : uint64_t{0};

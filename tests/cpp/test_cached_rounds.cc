@@ -248,6 +248,48 @@ TEST(the_outcome_names_what_each_rank_renegotiates_and_the_batches) {
   }
 }
 
+TEST(every_rank_fuses_with_the_threshold_rank_0_announced) {
+  // Rank 1's own threshold would fuse everything; rank 0 announces 1 KiB,
+  // so every rank runs the four 1 KiB ops apart.
+  AgreementLayout l = CachedRounds(64, 1 << 20).layout();
+  std::vector<CachedRounds> ranks(2, CachedRounds(64, 1 << 20));
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < 4; ++s) {
+      ranks[r].learn(s, cachedOp("grad." + std::to_string(s), s), true);
+      ranks[r].submit(s);
+    }
+  ranks[0].announceFusionThreshold(1024);
+  BitAgreement a0(2, 0, l), a1(2, 1, l);
+  a0.start(ranks[0].vector());
+  a1.start(ranks[1].vector());
+  std::vector<std::pair<int, AgreementMessage>> out0, out1;
+  a0.takeSends(out0);
+  a1.takeSends(out1);
+  CHECK(a1.receive(0, out0.at(0).second).ok());
+  CHECK(a0.receive(1, out1.at(0).second).ok());
+  CHECK_EQ(ranks[0].apply(a0.result()).run.size(), size_t{4});
+  CHECK_EQ(ranks[1].apply(a1.result()).run.size(), size_t{4});
+}
+
+TEST(a_waiting_op_turns_stale_so_rank_0_can_name_who_is_missing) {
+  CachedRounds c(64, 1 << 16);
+  c.learn(0, cachedOp("grad.0", 0), true);
+  c.learn(1, cachedOp("grad.1", 1), true);
+  c.submit(1);
+  c.vector();
+  CHECK(!c.hasNews());
+  c.staleAllSubmitted();
+  CHECK(c.hasNews());
+  std::vector<uint64_t> v = c.vector();
+  const size_t n = 1;
+  CHECK_EQ(v[n], uint64_t{2});  // slot 1's stale bit
+  CachedRounds::Outcome o = c.apply(v);  // as if alone
+  CHECK(o.stale == std::vector<int32_t>{1});
+  CHECK(o.run.empty());
+  CHECK(c.find(1) == nullptr);
+  CHECK(c.find(0) != nullptr);
+}
+
 TEST(while_a_rank_has_joined_cached_ops_go_to_rank_0) {
   AgreementLayout l = CachedRounds(64, 1 << 16).layout();
   std::vector<CachedRounds> ranks(2, CachedRounds(64, 1 << 16));

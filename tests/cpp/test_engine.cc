@@ -480,4 +480,69 @@ TEST(on_one_host_shutdown_fails_the_deferred_ops) {
   for (int r = 0; r < 2; ++r) CHECK(!waitFor(*held[r]).ok());
 }
 
+// Issue #47: with the agreement on, a cached op's every step runs without
+// rank 0 (agreedOps), with the same sums, on 2 and 3 ranks; names submitted
+// in other orders and a changed shape (a stale slot, renegotiated) included.
+TEST(cached_ops_are_agreed_among_the_ranks_without_rank_0) {
+  for (int n : {2, 3}) {
+    auto job = startJob(n, [](EngineConfig& c) { c.agreement = true; });
+    const int steps = 6;
+    std::vector<std::string> errors(n);
+    onEveryRank(*job, [&](int r, Engine& e) {
+      for (int step = 0; step < steps; ++step) {
+        // Odd ranks submit in the other order; step 4 changes b's shape.
+        const size_t b_len = step >= 4 ? 3 : 1;
+        std::shared_ptr<Op> x, y;
+        if (r % 2 == 0) {
+          x = allreduce(e, "a", {float(r), float(step)});
+          y = allreduce(e, "b", std::vector<float>(b_len, 10.f * r));
+        } else {
+          y = allreduce(e, "b", std::vector<float>(b_len, 10.f * r));
+          x = allreduce(e, "a", {float(r), float(step)});
+        }
+        Status sx = waitFor(*x), sy = waitFor(*y);
+        float sum_r = 0;
+        for (int q = 0; q < n; ++q) sum_r += float(q);
+        if (!sx.ok() || !sy.ok() || x->out != std::vector<float>{sum_r, float(step * n)} ||
+            y->out != std::vector<float>(b_len, 10.f * sum_r))
+          errors[r] = "step " + std::to_string(step) + ": " + sx.message + sy.message;
+      }
+    });
+    for (int r = 0; r < n; ++r) CHECK_EQ(errors[r], std::string());
+    for (int r = 0; r < n; ++r) {
+      // Steps 1-3 of a and b, and 5 of both (4 renegotiates b, and a with it
+      // when they share a round): at least 6 ops agreed, by rounds.
+      CHECK(job->engines[r]->agreedOps() >= 6);
+      CHECK(job->engines[r]->agreementRounds() >= 3);
+      CHECK_EQ(job->engines[r]->cachedSubmissions(), uint64_t{0});
+    }
+  }
+}
+
+TEST(an_agreed_job_fails_every_rank_when_one_leaves) {
+  // Rank 2 of 3 shuts down while the others wait for an agreed op: they fail
+  // with a peer failure, never hang.
+  auto job = startJob(3, [](EngineConfig& c) { c.agreement = true; });
+  onEveryRank(*job, [&](int r, Engine& e) {
+    auto x = allreduce(e, "warm", {1.f});
+    waitFor(*x);
+    (void)r;
+  });
+  onEveryRank(*job, [&](int r, Engine& e) {
+    auto x = allreduce(e, "warm", {1.f});
+    waitFor(*x);
+    (void)r;
+  });
+  job->engines[2]->shutdown();
+  std::vector<Status> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] { got[r] = waitFor(*allreduce(*job->engines[r], "warm", {1.f})); });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    CHECK(!got[r].ok());
+    CHECK_EQ(static_cast<int>(got[r].code), static_cast<int>(Status::kPeerFailure));
+  }
+}
+
 int main() { return check::runAll(); }
