@@ -10,7 +10,9 @@
 #include <thread>
 
 #include "check.h"
+#include "core/address.h"
 #include "core/bit_agreement.h"
+#include "core/rank_handshake.h"
 #include "memory_store.h"
 
 using namespace hvd;
@@ -112,6 +114,37 @@ TEST(a_rank_without_the_secret_is_refused_and_named) {
   std::vector<Outcome> outs = runJob(4, secrets, 1);
   CHECK(outs[3].error.find("could not prove it knows the job's secret") != std::string::npos);
   CHECK(outs[2].error.find("agreement partners that never connected: [3]") != std::string::npos);
+}
+
+TEST(strangers_at_a_partner_listener_do_not_keep_the_ranks_apart) {
+  // Before rank 1 connects, two strangers reach rank 0's agreement port: one
+  // sends junk, one claims to be rank 1 and cannot prove the secret. Rank 0
+  // drops both, and the ranks agree as before.
+  auto state = std::make_shared<hvd_test::MemoryStoreState>();
+  hvd_test::MemoryStore peek(state);
+  std::vector<Outcome> outs(2);
+  std::thread rank0([&] { outs[0] = runRank(2, 0, state, "s3cret", 2); });
+  const Endpoint at = Endpoint::decode(peek.get("job/agree/0", std::chrono::milliseconds(3000)));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  FrameSocket junk(connectTcp(at.host, at.port, deadline));
+  junk.send(std::string(64, '\xff'));
+  junk.flushBlocking(std::chrono::milliseconds(1000));
+  FrameSocket liar(connectTcp(at.host, at.port, deadline));
+  std::string error;
+  try {
+    proveToPeer(liar, 1, "agreement", "guess", "rank 0", deadline, std::chrono::milliseconds(1000),
+                [](const char* what) { return std::string(what); });
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  CHECK(error.find("could not prove it knows the job's secret") != std::string::npos);
+  std::thread rank1([&] { outs[1] = runRank(2, 1, state, "s3cret", 2); });
+  rank0.join();
+  rank1.join();
+  for (int r = 0; r < 2; ++r) {
+    CHECK_EQ(outs[r].error, std::string());
+    CHECK(outs[r].result == (std::vector<uint64_t>{2, 3}));  // (1+1) & (2+1), 1 | 2
+  }
 }
 
 int main() { return check::runAll(); }
