@@ -18,7 +18,8 @@
 //     participant per rank) and with host leaders (--per-host ranks a host
 //     agree through shared memory first: one pass, --shm-us);
 //   rank 0's memory: bytes in use for its CachedRounds with --capacity slots
-//     learnt and its BitAgreement (mallinfo2, before and after).
+//     learnt, its BitAgreement and its coordinator's slots (mallinfo2, before
+//     and after).
 // What it leaves out: the transport (sockets, rings) and the engine's loop.
 #include <malloc.h>
 #include <time.h>
@@ -34,6 +35,7 @@
 #include <vector>
 
 #include "core/cached_rounds.h"
+#include "core/response_cache.h"
 
 using namespace hvd;
 
@@ -217,7 +219,10 @@ Point measure(const Options& opt, int n) {
   return p;
 }
 
-// Rank 0's bytes with the whole cache learnt: they do not depend on N.
+// Rank 0's bytes with the whole cache learnt: its CachedRounds, its
+// BitAgreement, and its coordinator's cache, whose slots keep a name and no
+// request under the agreement (Coordinator::keepSlotRequests). They do not
+// depend on N.
 size_t rank0Memory(const Options& opt, int n) {
   const size_t before = heapInUse();
   size_t after;
@@ -225,6 +230,9 @@ size_t rank0Memory(const Options& opt, int n) {
     auto rounds = std::make_unique<CachedRounds>(opt.capacity, 64 << 20);
     for (int s = 0; s < opt.capacity; ++s) rounds->learn(s, gradientOp(s), true);
     auto agreement = std::make_unique<BitAgreement>(n, 0, rounds->layout());
+    auto slots = std::make_unique<CoordinatorCache>(opt.capacity);
+    for (int s = 0; s < opt.capacity; ++s)
+      if (slots->insert(tableKey(0, gradientOp(s).request.name), {}) != s) fail("slot ids");
     after = heapInUse();
   }
   return after - before;

@@ -85,6 +85,12 @@ Status Coordinator::add(Arrival&& arrival) {
       return Status::internal("internal: rank " + std::to_string(arrival.rank) +
                               " named unknown cache slot " + std::to_string(arrival.cache_id));
     }
+    // Under the agreement slots keep no requests: every arrival comes in full.
+    if (slot->size() != static_cast<size_t>(size_)) {
+      return Status::internal("internal: rank " + std::to_string(arrival.rank) + " named cache slot " +
+                              std::to_string(arrival.cache_id) +
+                              ", whose requests rank 0 does not keep (the ranks agree on cached ops)");
+    }
   }
   // A cached arrival's request stays in its slot (requestOf), read here only
   // for an op's first arrival, an error or the timeline: a copy per arrival
@@ -270,6 +276,7 @@ std::vector<Response> Coordinator::takeReady() {
     if (op.slot_requests.empty() || op.response.kind == Response::kError) continue;
     // Rare (a name negotiated in full): the key is made again here.
     const std::string key = tableKey(op.request.process_set, op.request.name);
+    if (!keep_slot_requests_) op.slot_requests.clear();
     op.response.cache_ids = {cache_.insert(key, std::move(op.slot_requests))};
   }
   std::vector<Response> out = planFusion(std::move(ops), fusion_threshold_);

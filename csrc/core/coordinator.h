@@ -57,6 +57,12 @@ class Coordinator {
 
   size_t cacheSize() const { return cache_.size(); }
 
+  // Under the agreement (issue #47) cached ops never come here, so a slot
+  // keeps its name alone, not every rank's request: rank 0's memory per
+  // cached name no longer grows with the job. A cached arrival is then an
+  // internal error.
+  void keepSlotRequests(bool keep) { keep_slot_requests_ = keep; }
+
   // The autotuner's fusion threshold, applied from the next takeReady().
   void setFusionThreshold(size_t bytes) { fusion_threshold_ = bytes; }
   // Records negotiation (first arrival to response, a tick per rank) on it.
@@ -122,6 +128,7 @@ class Coordinator {
   int size_;
   size_t fusion_threshold_;
   bool average_over_contributors_ = false;
+  bool keep_slot_requests_ = true;
   Timeline* timeline_ = nullptr;
   ProcessSetTable sets_;
   int32_t next_set_id_ = 1;  // ids are never reused, like cache slots

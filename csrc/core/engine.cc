@@ -283,8 +283,10 @@ void Engine::takeSubmissions() {
       e.ready->synchronize();
       e.ready.reset();
     }
-    // The ranks agree on a cached op among themselves (engine_agreement.cc).
+    // The ranks agree on a cached op among themselves (engine_agreement.cc);
+    // what goes to rank 0 then goes in full (its slots keep no requests).
     if (agreement_ && cacheable && submitToAgreement(e, key)) continue;
+    if (agreement_) a.cache_id = -1;
     // A cached op goes as its slot alone: rank 0's coordinator reads the
     // request from the slot.
     if (a.cache_id < 0) {

@@ -24,7 +24,10 @@ void Engine::connectAgreement(const std::string& prefix) {
   }
   if (!on) return;
   rounds_ = std::make_unique<CachedRounds>(config_.cache_capacity, config_.fusion_threshold);
-  if (coordinator_) rounds_->announceFusionThreshold(config_.fusion_threshold);
+  if (coordinator_) {
+    rounds_->announceFusionThreshold(config_.fusion_threshold);
+    coordinator_->keepSlotRequests(false);  // every arrival comes in full
+  }
   agreement_ = std::make_unique<BitAgreement>(topology_.size, topology_.rank, rounds_->layout());
   partners_.connect(*store_, prefix, agreement_->partners());
   agreed_progress_ = std::chrono::steady_clock::now();

@@ -290,6 +290,23 @@ TEST(error_responses_take_no_cache_slot_and_the_name_is_free_again) {
   }
 }
 
+TEST(under_the_agreement_a_slot_keeps_no_requests_and_refuses_cached_arrivals) {
+  // Issue #47: cached ops never reach rank 0, so a name's slot is its key
+  // alone; names renegotiated in full keep their slot; a cached arrival is a bug.
+  Coordinator c(3, kBigFusion, 8);
+  c.keepSlotRequests(false);
+  for (int step = 0; step < 2; ++step) {
+    for (int r = 0; r < 3; ++r) CHECK(accepted(c.add(arrive(r, req("g", {4 + step})))));
+    std::vector<Response> out = c.takeReady();
+    CHECK_EQ(out.size(), size_t{1});
+    if (!out.empty()) CHECK(out[0].cache_ids == std::vector<int32_t>{0});
+  }
+  CHECK_EQ(c.cacheSize(), size_t{1});
+  const Status s = c.add(cached(1, 0));
+  CHECK_EQ(static_cast<int>(s.code), static_cast<int>(Status::kInternal));
+  CHECK(contains(s.message, "rank 1 named cache slot 0, whose requests rank 0 does not keep"));
+}
+
 TEST(allgather_first_dims_per_rank) {
   Request g = req("gather", {2, 3}, DataType::kInt64, OpType::kAllgather);
   Response r = negotiateOne(3, g, [](int rank, Request& q) {
