@@ -84,12 +84,15 @@ build() {
 #   test_allreduce.py, test_reducescatter.py: their grids (1, 2, 3 ranks) with
 #                      the default inline budget, so small ops take rank 0's
 #                      inline path too (where UBSan found a memcpy to null)
+#   test_agreement.py  every op kind agreed among the ranks without rank 0
+#                      (issue #47; 2, 3 ranks over Gloo), against rank 0's numbers
 CI_SET=(
     tests/ranks/test_planes.py
     tests/ranks/test_shm.py::test_every_op_and_dtype_through_many_rounds
     tests/ranks/test_shm.py::test_every_op_and_dtype_across_hosts_hierarchical
     tests/ranks/test_allreduce.py::test_every_dtype_op_scale_and_size
     tests/ranks/test_reducescatter.py::test_reducescatter_values
+    tests/ranks/test_agreement.py::test_every_op_kind_is_agreed_and_gives_rank_0s_numbers
 )
 # full: the whole ranks tier (about 410 tests; 3-4 minutes on 2 cores): the CI
 # set, the rest of test_shm.py (large ops both ways, the plane per process set,
