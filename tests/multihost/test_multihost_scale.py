@@ -8,11 +8,10 @@ over the partner links, not sent to rank 0 (docs/control_plane_scale.md, "The
 agreement"). tests/ranks/test_agreement.py runs the same checks on 2 and 3 ranks
 of one host.
 
-Slow tier: each job starts 16 ranks (16 torch imports) on this machine's cores, so a
-test takes tens of seconds. The tests run only when the slow tier is asked for by
-marker (`make test-slow`, `pytest -m slow`); `make test`'s run of every tier
-(`-m "not serial"`) collects and skips them. They share the namespace hosts' xdist
-group with the multihost tier. Skipped where namespaces cannot be made (not root).
+Slow tier (in `make test`, as every tier; alone: `make test-slow`): each job starts
+16 ranks (16 torch imports) on this machine's cores, so a test takes tens of seconds,
+about four minutes for the seven. They share the namespace hosts' xdist group with the
+multihost tier. Skipped where namespaces cannot be made (not root).
 """
 
 import json
@@ -21,7 +20,6 @@ import signal
 import time
 
 import pytest
-from _pytest.mark.expression import Expression
 from hvdrun_job import HvdrunJob
 from multihost_harness import ROOT, cluster, finish, hvdrun, launcher_env, rank_lines, spawn
 
@@ -32,18 +30,6 @@ SHAPES = {"8x2": (8, 2), "4x4": (4, 4)}
 HOST_NAMES = "abcdefgh"
 AGREEMENT = {"HVD_TORCH_AGREEMENT": "1"}
 JOB_TIMEOUT = 300  # one 16-rank job (about 30 s here), bounded well inside pytest's 900 s
-
-
-@pytest.fixture(autouse=True)
-def _only_when_the_slow_tier_is_asked_for(request):
-    """`make test` runs every tier but the serial tests (`-m "not serial"`), the slow
-    tier's other tests included; these 16-rank jobs take minutes together, so they
-    run only under a marker expression that selects the slow tier and not unmarked
-    tests (`-m slow`, `-m "slow and not serial"`)."""
-    expression = Expression.compile(request.config.getoption("markexpr") or "not slow")
-    if not (expression.evaluate(lambda name, **_: name == "slow")
-            and not expression.evaluate(lambda name, **_: False)):
-        pytest.skip("16-rank multi-host jobs: run with -m slow (make test-slow)")
 
 
 def _hvdrun_args(hosts, shape, script, env) -> list[str]:
