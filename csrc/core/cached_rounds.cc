@@ -1,5 +1,6 @@
 #include "cached_rounds.h"
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -12,12 +13,13 @@ CachedRounds::CachedRounds(size_t capacity, size_t fusion_threshold)
       fusion_threshold_(fusion_threshold),
       submitted_(words(), 0),
       stale_(words(), 0),
+      elsewhere_(words(), 0),
       others_(words(), 0) {}
 
 AgreementLayout CachedRounds::layout() const {
   AgreementLayout l;
   l.and_words = words();
-  l.or_words = words() + 1;  // the stale bits, then the flags
+  l.or_words = 2 * words() + 1;  // the stale bits, the sent-to-rank-0 bits, the flags
   l.max_words = 2;           // rank 0's dispatched batches, its fusion threshold
   return l;
 }
@@ -58,6 +60,12 @@ void CachedRounds::invalidate(int32_t slot) {
   news_ = true;
 }
 
+void CachedRounds::sentToCoordinator(int32_t slot) {
+  if (find(slot) == nullptr) return;
+  elsewhere_[slot / 64] |= uint64_t{1} << (slot % 64);
+  news_ = true;
+}
+
 void CachedRounds::setJoined(bool joined) {
   if (joined_ != joined) news_ = true;
   joined_ = joined;
@@ -86,9 +94,11 @@ std::vector<uint64_t> CachedRounds::vector() {
   // A known slot of a set this rank is not in never holds the others back.
   for (size_t i = 0; i < n; ++i) v[i] = submitted_[i] | others_[i];
   for (size_t i = 0; i < n; ++i) v[n + i] = stale_[i];
-  v[2 * n] = joined_ ? kSomeoneJoined : 0;
-  v[2 * n + 1] = batches_;
-  v[2 * n + 2] = announced_threshold_;
+  for (size_t i = 0; i < n; ++i) v[2 * n + i] = elsewhere_[i];
+  std::fill(elsewhere_.begin(), elsewhere_.end(), 0);  // said: once per sending
+  v[3 * n] = joined_ ? kSomeoneJoined : 0;
+  v[3 * n + 1] = batches_;
+  v[3 * n + 2] = announced_threshold_;
   news_ = false;
   return v;
 }
@@ -101,6 +111,7 @@ void CachedRounds::forget(size_t s, Outcome& out) {
   if (submitted) --waiting_;
   submitted_[s / 64] &= ~b;
   stale_[s / 64] &= ~b;
+  elsewhere_[s / 64] &= ~b;
   others_[s / 64] &= ~b;
   slots_[s] = Slot();
   --learnt_;
@@ -111,12 +122,22 @@ CachedRounds::Outcome CachedRounds::apply(const std::vector<uint64_t>& result) {
   if (result.size() != layout().total())
     throw std::invalid_argument("CachedRounds::apply: " + std::to_string(result.size()) + " words");
   Outcome out;
-  out.batches = result[2 * n + 1];
+  out.batches = result[3 * n + 1];
+  // Sent to rank 0 by some rank this time (inline, with its data): this
+  // rank's copy goes there too, and rank 0 runs the op as before.
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t mine = result[2 * n + i] & submitted_[i];
+    for (uint64_t w = mine; w; w &= w - 1) {
+      out.to_coordinator.push_back(static_cast<int32_t>(64 * i + __builtin_ctzll(w)));
+      --waiting_;
+    }
+    submitted_[i] &= ~mine;
+  }
   // Stale slots: forgotten on every rank at this same round.
   for (size_t i = 0; i < n; ++i) {
     for (uint64_t w = result[n + i]; w; w &= w - 1) forget(64 * i + static_cast<size_t>(__builtin_ctzll(w)), out);
   }
-  if (result[2 * n] & kSomeoneJoined) {
+  if (result[3 * n] & kSomeoneJoined) {
     // Rank 0 runs them while ranks have joined: hand every submitted slot over.
     for (size_t i = 0; i < n; ++i)
       for (uint64_t w = submitted_[i]; w; w &= w - 1)
@@ -147,7 +168,7 @@ CachedRounds::Outcome CachedRounds::apply(const std::vector<uint64_t>& result) {
     submitted_[s / 64] &= ~(uint64_t{1} << (s % 64));
     --waiting_;
   }
-  const uint64_t threshold = result[2 * n + 2] ? result[2 * n + 2] : fusion_threshold_;
+  const uint64_t threshold = result[3 * n + 2] ? result[3 * n + 2] : fusion_threshold_;
   if (!ready.empty()) out.run = planFusion(std::move(ready), threshold);
   return out;
 }

@@ -11,8 +11,9 @@
 //        this rank learnt for it, or this rank is not in the slot's process
 //        set (a non-member never holds it back).
 //   OR:  bit s: this rank submitted the name of slot s with another request
-//        (another shape, say): the slot is stale. Then one word of flags:
-//        kSomeoneJoined.
+//        (another shape, say): the slot is stale. Then bit s: this rank sent
+//        its op of slot s to rank 0 this time (small enough to go inline,
+//        with its data). Then one word of flags: kSomeoneJoined.
 //   MAX: the number of response batches rank 0's coordinator had dispatched
 //        when it made its vector, and rank 0's fusion threshold (the
 //        autotuner moves it); 0 on the other ranks. Every rank plans a
@@ -22,7 +23,9 @@
 //      decided before the round, and without this rule one rank could run a
 //      new op's response before a cached op and another after it;
 //   2. stale slots are forgotten everywhere; a rank that holds one of their
-//      ops renegotiates it through rank 0 with its full request;
+//      ops renegotiates it through rank 0 with its full request; a slot some
+//      rank sent to rank 0 goes there from every rank that holds it (rank 0
+//      then runs it, inline or not, exactly as without the agreement);
 //   3. while some rank has joined, nothing cached runs: the ops go to rank 0,
 //      which knows how to run them without the joined ranks (join is rare);
 //   4. the slots every rank submitted run, in ascending slot order, whole
@@ -66,6 +69,9 @@ class CachedRounds {
   }
   // This rank submitted the slot's name with another request.
   void invalidate(int32_t slot);
+  // This rank sent its op of the slot to rank 0 (inline): at the next round
+  // every rank that submitted the slot hands its op to rank 0 too.
+  void sentToCoordinator(int32_t slot);
   void setJoined(bool joined);
   // Rank 0: response batches its coordinator has dispatched so far.
   void setBatches(uint64_t dispatched);
@@ -111,6 +117,7 @@ class CachedRounds {
   size_t learnt_ = 0;
   std::vector<uint64_t> submitted_;  // bit per slot
   std::vector<uint64_t> stale_;      // bit per slot
+  std::vector<uint64_t> elsewhere_;  // bit per slot sent to rank 0 since the last vector
   std::vector<uint64_t> others_;     // bit per known slot of a set this rank is not in
   size_t waiting_ = 0;
   bool joined_ = false;

@@ -283,17 +283,6 @@ void Engine::takeSubmissions() {
       e.ready->synchronize();
       e.ready.reset();
     }
-    // The ranks agree on a cached op among themselves (engine_agreement.cc);
-    // what goes to rank 0 then goes in full (its slots keep no requests).
-    if (agreement_ && cacheable && submitToAgreement(e, key)) continue;
-    if (agreement_) a.cache_id = -1;
-    // A cached op goes as its slot alone: rank 0's coordinator reads the
-    // request from the slot.
-    if (a.cache_id < 0) {
-      a.request = e.request;
-    } else {
-      cached_submissions_.fetch_add(1, std::memory_order_relaxed);
-    }
     // Inline data flows through rank 0, which receives and sends (size - 1)
     // copies: worth it while that traffic stays below the threshold. The
     // threshold bounds everything this rank has in flight inline, not one op:
@@ -303,9 +292,26 @@ void Engine::takeSubmissions() {
     const bool reduces = e.request.type == OpType::kAllreduce ||
                          e.request.type == OpType::kReducescatter;
     const size_t traffic = e.request.numBytes() * static_cast<size_t>(set_size - 1);
-    if (reduces && set_size > 1 && e.request.plane != Plane::kDevice &&
-        inline_in_flight_ + traffic <=
-            std::min(tunables_.inline_threshold, set->inline_cap)) {
+    const bool goes_inline = reduces && set_size > 1 && e.request.plane != Plane::kDevice &&
+                             inline_in_flight_ + traffic <=
+                                 std::min(tunables_.inline_threshold, set->inline_cap);
+    // The ranks agree on a cached op among themselves (engine_agreement.cc),
+    // unless it goes inline: rank 0's reduction in rank order keeps a small
+    // op's bits what they were. What goes to rank 0 goes in full (its slots
+    // keep no requests).
+    if (agreement_ && cacheable) {
+      if (!goes_inline && submitToAgreement(e, key)) continue;
+      if (goes_inline) sentInline(key);
+    }
+    if (agreement_) a.cache_id = -1;
+    // A cached op goes as its slot alone: rank 0's coordinator reads the
+    // request from the slot.
+    if (a.cache_id < 0) {
+      a.request = e.request;
+    } else {
+      cached_submissions_.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (goes_inline) {
       a.has_inline = true;
       if (e.parts.empty()) {
         a.inline_data.assign(static_cast<const char*>(e.input), e.request.numBytes());

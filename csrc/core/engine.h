@@ -190,6 +190,9 @@ class Engine final : private Lane::Sink {
   // takeSubmissions' part: true when the agreement took `e` (submitted, or
   // held until its stale slot is forgotten); it is then in pending_.
   bool submitToAgreement(Entry& e, const std::string& key);
+  // A cached name's op sent inline to rank 0: the ranks that submitted it to
+  // the agreement send theirs there too, at the next round.
+  void sentInline(const std::string& key);
   // A response every rank runs: the slots it names, learnt by every rank
   // (`member`: this rank is in its process set).
   void learnSlots(const Response& response, bool member);

@@ -17,7 +17,10 @@ void Engine::connectAgreement(const std::string& prefix) {
   // part, or none.
   bool on = false;
   if (topology_.rank == 0) {
-    on = config_.agreement && !lane_ && config_.cache_capacity > 0;
+    const bool wanted = config_.agreement == EngineConfig::Agreement::kOn ||
+                        (config_.agreement == EngineConfig::Agreement::kAuto &&
+                         topology_.cross_size > 1);
+    on = wanted && !lane_ && config_.cache_capacity > 0;
     store_->set(prefix + "on", on ? "1" : "0");
   } else {
     on = store_->get(prefix + "on", config_.start_timeout) == "1";
@@ -57,6 +60,11 @@ bool Engine::submitToAgreement(Entry& e, const std::string& key) {
   }
   addPending(key, std::move(e));
   return true;
+}
+
+void Engine::sentInline(const std::string& key) {
+  auto known = slot_of_key_.find(key);
+  if (known != slot_of_key_.end()) rounds_->sentToCoordinator(known->second);
 }
 
 void Engine::learnSlots(const Response& response, bool member) {

@@ -97,7 +97,15 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.fast_lane = envInt("HVD_TORCH_FAST_LANE", core_each ? 1 : 0) != 0;
   c.fast_lane_bytes = static_cast<size_t>(std::max(0L, envInt("HVD_TORCH_FAST_LANE_BYTES", 64 << 10)));
   c.lane_defer = std::chrono::microseconds(std::max(0L, envInt("HVD_TORCH_FAST_LANE_DEFER_US", 1000)));
-  c.agreement = envInt("HVD_TORCH_AGREEMENT", 0) != 0;
+  const std::string agreement = envString("HVD_TORCH_AGREEMENT", "auto");
+  if (agreement != "auto" && agreement != "0" && agreement != "1") {
+    throw std::invalid_argument("HVD_TORCH_AGREEMENT=" + agreement +
+                                ": use 'auto' (cached ops agreed among the ranks across hosts), 1 "
+                                "(also on one host without the fast lane) or 0 (through rank 0)");
+  }
+  c.agreement = agreement == "1"   ? EngineConfig::Agreement::kOn
+                : agreement == "0" ? EngineConfig::Agreement::kOff
+                                   : EngineConfig::Agreement::kAuto;
   const std::string join_average = envString("HVD_TORCH_JOIN_AVERAGE", "size");
   if (join_average != "size" && join_average != "contributors") {
     throw std::invalid_argument("HVD_TORCH_JOIN_AVERAGE=" + join_average +

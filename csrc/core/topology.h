@@ -83,9 +83,10 @@ struct EngineConfig {
   // Cached ops agreed among the ranks by rounds of recursive doubling, with
   // no work for rank 0 (issue #47; docs/control_plane_scale.md). Rank 0's
   // setting decides for the job; never with the fast lane (one host), which
-  // runs cached ops in one pass through shared memory. Off by default until
-  // the multi-host runs of issue #47 have passed on it.
-  bool agreement = false;  // HVD_TORCH_AGREEMENT
+  // runs cached ops in one pass through shared memory. kAuto: on for a job
+  // across hosts, off on one host (whose Gloo-only jobs keep rank 0's star).
+  enum class Agreement { kOff, kOn, kAuto };
+  Agreement agreement = Agreement::kAuto;  // HVD_TORCH_AGREEMENT = 0, 1 or auto
   // Average while some ranks have joined: over the whole set (false, Horovod)
   // or over the ranks that submitted (HVD_TORCH_JOIN_AVERAGE=contributors).
   bool join_average_contributors = false;  // HVD_TORCH_JOIN_AVERAGE

@@ -290,6 +290,32 @@ TEST(a_waiting_op_turns_stale_so_rank_0_can_name_who_is_missing) {
   CHECK(c.find(0) != nullptr);
 }
 
+TEST(a_slot_one_rank_sent_to_rank_0_goes_there_from_every_rank) {
+  // Rank 1 sent grad.0 inline to rank 0; rank 0 had submitted it to the
+  // agreement: the round hands rank 0's copy to rank 0's coordinator too.
+  AgreementLayout l = CachedRounds(64, 1 << 16).layout();
+  std::vector<CachedRounds> ranks(2, CachedRounds(64, 1 << 16));
+  for (int r = 0; r < 2; ++r) ranks[r].learn(0, cachedOp("grad.0", 0), true);
+  ranks[0].submit(0);
+  ranks[1].sentToCoordinator(0);
+  BitAgreement a0(2, 0, l), a1(2, 1, l);
+  a0.start(ranks[0].vector());
+  a1.start(ranks[1].vector());
+  std::vector<std::pair<int, AgreementMessage>> out0, out1;
+  a0.takeSends(out0);
+  a1.takeSends(out1);
+  CHECK(a1.receive(0, out0.at(0).second).ok());
+  CHECK(a0.receive(1, out1.at(0).second).ok());
+  CachedRounds::Outcome o0 = ranks[0].apply(a0.result());
+  CachedRounds::Outcome o1 = ranks[1].apply(a1.result());
+  CHECK(o0.to_coordinator == std::vector<int32_t>{0});
+  CHECK(o1.to_coordinator.empty());
+  CHECK(o0.run.empty() && o1.run.empty());
+  CHECK_EQ(ranks[0].waiting(), size_t{0});
+  CHECK(!ranks[1].hasNews());  // said once
+  CHECK(ranks[0].find(0) != nullptr);  // the slot stays learnt
+}
+
 TEST(while_a_rank_has_joined_cached_ops_go_to_rank_0) {
   AgreementLayout l = CachedRounds(64, 1 << 16).layout();
   std::vector<CachedRounds> ranks(2, CachedRounds(64, 1 << 16));

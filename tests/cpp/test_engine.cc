@@ -485,7 +485,7 @@ TEST(on_one_host_shutdown_fails_the_deferred_ops) {
 // in other orders and a changed shape (a stale slot, renegotiated) included.
 TEST(cached_ops_are_agreed_among_the_ranks_without_rank_0) {
   for (int n : {2, 3}) {
-    auto job = startJob(n, [](EngineConfig& c) { c.agreement = true; });
+    auto job = startJob(n, [](EngineConfig& c) { c.agreement = EngineConfig::Agreement::kOn; });
     const int steps = 6;
     std::vector<std::string> errors(n);
     onEveryRank(*job, [&](int r, Engine& e) {
@@ -522,7 +522,7 @@ TEST(cached_ops_are_agreed_among_the_ranks_without_rank_0) {
 TEST(an_agreed_job_fails_every_rank_when_one_leaves) {
   // Rank 2 of 3 shuts down while the others wait for an agreed op: they fail
   // with a peer failure, never hang.
-  auto job = startJob(3, [](EngineConfig& c) { c.agreement = true; });
+  auto job = startJob(3, [](EngineConfig& c) { c.agreement = EngineConfig::Agreement::kOn; });
   onEveryRank(*job, [&](int r, Engine& e) {
     auto x = allreduce(e, "warm", {1.f});
     waitFor(*x);

@@ -28,7 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multihost")]
 # hosts x ranks per host; 16 ranks either way
 SHAPES = {"8x2": (8, 2), "4x4": (4, 4)}
 HOST_NAMES = "abcdefgh"
-AGREEMENT = {"HVD_TORCH_AGREEMENT": "1"}
+# The inline budget off: every cached op takes the agreement (a small one would go to
+# rank 0 with its data, inline, as without it; tests/ranks/test_agreement.py tests that).
+AGREEMENT = {"HVD_TORCH_AGREEMENT": "1", "HVD_TORCH_INLINE_THRESHOLD": "0"}
 JOB_TIMEOUT = 300  # one 16-rank job (about 30 s here), bounded well inside pytest's 900 s
 
 

@@ -14,7 +14,10 @@ import torch
 
 from dist_harness import run_ranks
 
-AGREEMENT = {"HVD_TORCH_AGREEMENT": "1", "HVD_TORCH_SHM": "0"}
+# The inline budget off: every cached op takes the agreement (a small one goes to rank 0
+# with its data otherwise, as without the agreement: the last test below).
+NO_INLINE = {"HVD_TORCH_SHM": "0", "HVD_TORCH_INLINE_THRESHOLD": "0"}
+AGREEMENT = dict(NO_INLINE, HVD_TORCH_AGREEMENT="1")
 STEPS = 4
 
 
@@ -67,7 +70,7 @@ def _every_op_agreed():
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_every_op_kind_is_agreed_and_gives_rank_0s_numbers(nranks):
     agreed = run_ranks(_every_op_agreed, nranks, timeout=120, env=AGREEMENT)
-    negotiated = run_ranks(_every_op_agreed, nranks, timeout=120, env={"HVD_TORCH_SHM": "0"})
+    negotiated = run_ranks(_every_op_agreed, nranks, timeout=120, env=NO_INLINE)
     n = nranks
     ranks_sum = n * (n - 1) / 2
     for rank, ((got, counts), (ref, ref_counts)) in enumerate(zip(agreed, negotiated)):
@@ -215,3 +218,54 @@ def test_a_killed_rank_fails_the_agreed_op_on_every_other_rank(nranks):
     killed = nranks - 1
     for rank, outcome in enumerate(outcomes[:killed]):
         assert isinstance(outcome, str) and f"rank {killed}" in outcome, (rank, outcome)
+
+
+def _small_ops(budget_by_rank):
+    import torch
+
+    import hvd_torch as hvd
+    from hvd_torch import _C
+
+    # Each rank's own inline budget, read by hvd.init(); put back after, for the
+    # pooled worker's next job.
+    before = os.environ.get("HVD_TORCH_INLINE_THRESHOLD")
+    os.environ["HVD_TORCH_INLINE_THRESHOLD"] = str(budget_by_rank[int(os.environ["HOROVOD_RANK"])])
+    try:
+        hvd.init()
+    finally:
+        if before is None:
+            del os.environ["HVD_TORCH_INLINE_THRESHOLD"]
+        else:
+            os.environ["HVD_TORCH_INLINE_THRESHOLD"] = before
+    r = hvd.rank()
+    sums = []
+    for step in range(STEPS):
+        t = torch.tensor([0.1 * (r + 1) + step / 3.0, 1e-3 * r - 0.7], dtype=torch.float32)
+        sums.append(hvd.allreduce(t, name="small", op=hvd.Sum).tolist())
+    counts = {"agreed": _C.agreed_ops(), "cached_to_rank_0": _C.cached_submissions()}
+    hvd.shutdown()
+    return sums, counts
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_small_ops_go_inline_through_rank_0_with_the_same_bits(nranks):
+    """A small cached op goes to rank 0 with its data (inline), with or without the
+    agreement, so its sum (in rank order at rank 0) keeps its bits; when rank 1 alone
+    has no inline budget, the ranks that sent theirs inline make the round hand rank
+    1's copy to rank 0 too, and the op runs as without the agreement (no hang)."""
+    inline = [1 << 20] * nranks
+    mixed = [0 if r == 1 else 1 << 20 for r in range(nranks)]
+    base = {"HVD_TORCH_SHM": "0"}
+    reference = run_ranks(_small_ops, nranks, args=(inline,), timeout=120, env=base)
+    agreed = run_ranks(_small_ops, nranks, args=(inline,), timeout=120,
+                       env=dict(base, HVD_TORCH_AGREEMENT="1"))
+    split = run_ranks(_small_ops, nranks, args=(mixed,), timeout=120,
+                      env=dict(base, HVD_TORCH_AGREEMENT="1"))
+    for rank in range(nranks):
+        assert agreed[rank][0] == reference[rank][0], (rank, agreed[rank], reference[rank])
+        assert agreed[rank][1]["agreed"] == 0, agreed[rank]  # every step went inline
+        for step, got in enumerate(split[rank][0]):
+            want = [sum(0.1 * (q + 1) + step / 3.0 for q in range(nranks)),
+                    sum(1e-3 * q - 0.7 for q in range(nranks))]
+            assert got == pytest.approx(want, rel=1e-5), (rank, step, got, want)
+        assert split[rank][1]["cached_to_rank_0"] == 0, split[rank]
