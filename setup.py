@@ -145,9 +145,13 @@ def extension():
 
 
 def build_record(ext):
-    """The contents of hvd_torch/_build_info.py: what this build compiled against."""
+    """The contents of hvd_torch/_build_info.py: what this build compiled against.
+    torch_cuda is the build of torch (its CUDA version, None for a CPU build), even
+    when no CUDA source was compiled (a CUDA torch without nvcc): the extension is
+    linked to that build's libraries and runs with it only."""
     facts = {
         "torch_version": torch.__version__,
+        "torch_cuda": torch.version.cuda,
         "cuda_version": torch.version.cuda if cuda_enabled() else None,
         "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
         "cuda_built": cuda_enabled(),
@@ -159,14 +163,31 @@ def build_record(ext):
 
 
 def write_build_records(build_ext_cmd):
-    """Writes hvd_torch/_build_info.py beside each built extension and in the source
-    tree (in-place builds, editable installs, whose .so is copied there)."""
+    """Writes hvd_torch/_build_info.py beside each built extension, and in the source
+    tree only for the builds whose .so lands there (in-place builds, editable
+    installs): a wheel built from this tree (make wheel, make wheel-cuda) leaves the
+    tree's record, which describes the tree's .so, alone.
+
+    Each write replaces the file whole (a new file renamed over the old), and an
+    unchanged record is not written: a test importing hvd_torch from the tree while
+    a wheel builds never reads a half-written record."""
     here = os.path.dirname(os.path.abspath(__file__))
+    into_tree = build_ext_cmd.inplace or getattr(build_ext_cmd, "editable_mode", False)
     for ext in build_ext_cmd.extensions:
-        built_dir = os.path.dirname(build_ext_cmd.get_ext_fullpath(ext.name))
-        for directory in {os.path.abspath(built_dir), os.path.join(here, "hvd_torch")}:
-            with open(os.path.join(directory, "_build_info.py"), "w") as f:
-                f.write(build_record(ext))
+        directories = {os.path.abspath(os.path.dirname(build_ext_cmd.get_ext_fullpath(ext.name)))}
+        if into_tree:
+            directories.add(os.path.join(here, "hvd_torch"))
+        text = build_record(ext)
+        for directory in directories:
+            path = os.path.join(directory, "_build_info.py")
+            if os.path.exists(path):
+                with open(path) as f:
+                    if f.read() == text:
+                        continue
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
 
 
 def refuse_private_libstdcxx(build_ext_cmd):
@@ -204,7 +225,17 @@ else:
     # An sdist or metadata without torch: the extension's sources are listed, never built.
     ext_modules, cmdclass = [Extension("hvd_torch._C", sources=sources(True))], {}
 
+def requirements():
+    """What a built package needs: the very torch it compiled against (a wheel's
+    Requires-Dist torch==2.13.0+cpu, so that pip installs that torch or refuses,
+    rather than leave an extension that fails on an undefined symbol). An sdist
+    builds against whatever torch it finds: any torch hvd-torch supports."""
+    pinned = torch is not None and "sdist" not in sys.argv[1:]
+    return [f"torch=={torch.__version__}" if pinned else "torch>=2.4", "numpy"]
+
+
 setup(
+    install_requires=requirements(),
     packages=find_packages(
         include=["hvd_torch", "hvd_torch.*", "hvdrun", "hvdrun.*", "ray_integration",
                  "ray_integration.*"]),
