@@ -75,7 +75,9 @@ if torch is not None:
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from build_config import cuda_enabled, gloo_paths, nccl_paths, private_libstdcxx  # noqa: E402
+from build_config import (  # noqa: E402
+    cuda_enabled, cxx_standard, gloo_paths, nccl_paths, private_libstdcxx,
+)
 
 
 def sources(with_cuda):
@@ -100,7 +102,8 @@ def extension():
     link_args = [f"-Wl,-rpath,{d}" for d in gloo.library_dirs]
     if gloo.library_dirs:
         link_args.append("-Wl,--disable-new-dtags")
-    cxx_args = ["-O3", "-g0", "-std=c++17", "-fvisibility=hidden"]
+    std = f"-std={cxx_standard()}"  # c++20 for torch 2.14 and later
+    cxx_args = ["-O3", "-g0", std, "-fvisibility=hidden"]
     sanitize = os.environ.get("HVD_TORCH_SANITIZE")
     if sanitize:
         # -O1 with line tables and frame pointers: a report names file:line, and
@@ -110,7 +113,7 @@ def extension():
         # overflow is defined and UBSan does not look for one.
         checks = [f"-fsanitize={sanitize}", "-fno-sanitize-recover=all",
                   "-fno-omit-frame-pointer", "-fno-wrapv"]
-        cxx_args = ["-O1", "-g", "-std=c++17", "-fvisibility=hidden"] + checks
+        cxx_args = ["-O1", "-g", std, "-fvisibility=hidden"] + checks
         link_args += checks
     # libgloo first: our Gloo calls must bind to Debian's library, never to
     # the copy inside libtorch_cpu (see docs/architecture.md).
@@ -139,7 +142,7 @@ def extension():
         libraries=libraries,
         define_macros=macros,
         extra_compile_args={"cxx": cxx_args,
-                            "nvcc": ["-O3", "-std=c++17"] + [f"-D{k}" for k, _ in macros]},
+                            "nvcc": ["-O3", std] + [f"-D{k}" for k, _ in macros]},
         extra_link_args=link_args,
     )
 
@@ -229,9 +232,21 @@ def requirements():
     """What a built package needs: the very torch it compiled against (a wheel's
     Requires-Dist torch==2.13.0+cpu, so that pip installs that torch or refuses,
     rather than leave an extension that fails on an undefined symbol). An sdist
-    builds against whatever torch it finds: any torch hvd-torch supports."""
-    pinned = torch is not None and "sdist" not in sys.argv[1:]
-    return [f"torch=={torch.__version__}" if pinned else "torch>=2.4", "numpy"]
+    builds against whatever torch it finds: any torch hvd-torch supports.
+
+    The pin is the version pip knows torch by, its distribution's: PyPI's CUDA
+    torch calls itself 2.14.1+cu130 (torch.__version__) but is installed as 2.14.1,
+    which a pin on 2.14.1+cu130 would refuse. ==2.14.1 also admits a 2.14.1+cpu;
+    the import-time check refuses that one by its build (build_record.py)."""
+    if torch is None or "sdist" in sys.argv[1:]:
+        return ["torch>=2.4", "numpy"]
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a torch built from source, uninstalled
+        version = torch.__version__
+    return [f"torch=={version}", "numpy"]
 
 
 setup(
