@@ -154,9 +154,11 @@ core-link:
 synthetic: setup
 	hvdrun -np $(NP) python examples/synthetic_benchmark.py
 
-# Build outputs only: the venv (a torch download) survives; see distclean.
+# Build outputs only: the venv (a torch download) survives; see distclean. build/
+# also holds make wheel-cuda's venv and the wheel test's (torch downloads too, made
+# again on their next use); dist/ the wheels.
 clean:
-	rm -rf build hvd_torch/_C*.so *.egg-info bench/results .pytest_cache
+	rm -rf build dist hvd_torch/_C*.so *.egg-info bench/results .pytest_cache
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
