@@ -80,11 +80,13 @@ def rebuild_hint() -> str:
         # A source checkout used in place (editable install or build_ext --inplace).
         return (f"rebuild it against the running torch: cd {source} && "
                 f"pip install --no-build-isolation -e .  (or python setup.py build_ext --inplace)")
+    hint = ("rebuild it against the running torch: from hvd-torch's source directory, "
+            "pip install --no-build-isolation .")
     record = recorded()
-    wanted = f" ({torch_build(record)})" if record else ""
-    return ("install the hvd_torch wheel built for the running torch, or run this one with "
-            f"the torch it was built for{wanted}, or rebuild it against the running torch: "
-            "from hvd-torch's source directory, pip install --no-build-isolation .")
+    if record:  # an installed build, a binary wheel's perhaps
+        hint += ("; or install the hvd_torch wheel built for the running torch, or run this "
+                 f"one with the torch it was built for ({torch_build(record)})")
+    return hint
 
 
 def problems(record: dict | None = None, now: dict | None = None) -> list[str]:

@@ -55,9 +55,9 @@ def test_import_refuses_another_abi_or_torch_build(tmp_path, facts, expected):
     # A copy outside a source tree, as a wheel installs it: the hint names the
     # torch it was built for beside the rebuild.
     if facts.get("torch_cuda"):
-        assert "install the hvd_torch wheel built for the running torch" in proc.stderr
-        assert f"the torch it was built for (torch {torch.__version__} (a CUDA 12.8 build))" \
-            in proc.stderr, proc.stderr
+        assert "; or install the hvd_torch wheel built for the running torch, or run this " \
+            f"one with the torch it was built for (torch {torch.__version__} (a CUDA 12.8 " \
+            "build))" in proc.stderr, proc.stderr
 
 
 def test_import_without_the_extension_says_how_to_build(tmp_path):
