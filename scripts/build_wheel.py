@@ -107,7 +107,10 @@ def build_raw(python: str, source: Path, work: Path, facts: dict) -> Path:
     # would miss a changed header or another torch (ninja, which compiles, does not).
     for stale in glob.glob(str(source / "build" / "lib.*" / DIST_NAME / "_C*.so")):
         os.remove(stale)
-    env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", "2"))
+    # PYTHON's own bin first: its ninja, whoever calls this. Two ninjas of different
+    # versions take each other's build log for stale and recompile everything.
+    env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", "2"),
+               PATH=f"{Path(python).parent}{os.pathsep}{os.environ['PATH']}")
     if facts["cuda"] and "TORCH_CUDA_ARCH_LIST" not in env:
         env["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list(facts["arches"])
         say(f"CUDA architectures: {env['TORCH_CUDA_ARCH_LIST']} (torch's own)")
