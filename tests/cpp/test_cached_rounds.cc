@@ -145,6 +145,21 @@ struct Job {
   }
 };
 
+// One round between two ranks' CachedRounds, over a real BitAgreement: each
+// rank's outcome.
+std::vector<CachedRounds::Outcome> roundOfTwo(std::vector<CachedRounds>& ranks) {
+  const AgreementLayout l = ranks[0].layout();
+  BitAgreement a0(2, 0, l), a1(2, 1, l);
+  a0.start(ranks[0].vector());
+  a1.start(ranks[1].vector());
+  std::vector<std::pair<int, AgreementMessage>> out0, out1;
+  a0.takeSends(out0);
+  a1.takeSends(out1);
+  CHECK(a1.receive(0, out0.at(0).second).ok());
+  CHECK(a0.receive(1, out1.at(0).second).ok());
+  return {ranks[0].apply(a0.result()), ranks[1].apply(a1.result())};
+}
+
 }  // namespace
 
 TEST(every_rank_runs_the_same_ops_in_the_same_order) {
@@ -221,7 +236,6 @@ TEST(a_stale_slot_is_forgotten_by_every_rank_at_the_same_round) {
 }
 
 TEST(the_outcome_names_what_each_rank_renegotiates_and_the_batches) {
-  AgreementLayout l = CachedRounds(100, 1 << 16).layout();
   std::vector<CachedRounds> ranks(2, CachedRounds(100, 1 << 16));
   for (int r = 0; r < 2; ++r)
     for (int s = 0; s < 4; ++s) ranks[r].learn(s, cachedOp("grad." + std::to_string(s), s), true);
@@ -230,17 +244,9 @@ TEST(the_outcome_names_what_each_rank_renegotiates_and_the_batches) {
   ranks[1].submit(3);
   ranks[1].invalidate(1);
   ranks[0].setBatches(7);  // rank 0 dispatched 7 batches of responses
-  std::vector<uint64_t> v0 = ranks[0].vector(), v1 = ranks[1].vector();
-  BitAgreement a0(2, 0, l), a1(2, 1, l);
-  a0.start(v0);
-  a1.start(v1);
-  std::vector<std::pair<int, AgreementMessage>> out0, out1;
-  a0.takeSends(out0);
-  a1.takeSends(out1);
-  CHECK(a1.receive(0, out0.at(0).second).ok());
-  CHECK(a0.receive(1, out1.at(0).second).ok());
+  std::vector<CachedRounds::Outcome> outcomes = roundOfTwo(ranks);
   for (int r = 0; r < 2; ++r) {
-    CachedRounds::Outcome o = ranks[r].apply(r == 0 ? a0.result() : a1.result());
+    const CachedRounds::Outcome& o = outcomes[r];
     CHECK_EQ(o.batches, uint64_t{7});
     CHECK(o.stale == std::vector<int32_t>{1});  // rank 0 submitted it, rank 1 invalidated it
     CHECK_EQ(o.run.size(), size_t{1});
@@ -251,7 +257,6 @@ TEST(the_outcome_names_what_each_rank_renegotiates_and_the_batches) {
 TEST(every_rank_fuses_with_the_threshold_rank_0_announced) {
   // Rank 1's own threshold would fuse everything; rank 0 announces 1 KiB,
   // so every rank runs the four 1 KiB ops apart.
-  AgreementLayout l = CachedRounds(64, 1 << 20).layout();
   std::vector<CachedRounds> ranks(2, CachedRounds(64, 1 << 20));
   for (int r = 0; r < 2; ++r)
     for (int s = 0; s < 4; ++s) {
@@ -259,16 +264,9 @@ TEST(every_rank_fuses_with_the_threshold_rank_0_announced) {
       ranks[r].submit(s);
     }
   ranks[0].announceFusionThreshold(1024);
-  BitAgreement a0(2, 0, l), a1(2, 1, l);
-  a0.start(ranks[0].vector());
-  a1.start(ranks[1].vector());
-  std::vector<std::pair<int, AgreementMessage>> out0, out1;
-  a0.takeSends(out0);
-  a1.takeSends(out1);
-  CHECK(a1.receive(0, out0.at(0).second).ok());
-  CHECK(a0.receive(1, out1.at(0).second).ok());
-  CHECK_EQ(ranks[0].apply(a0.result()).run.size(), size_t{4});
-  CHECK_EQ(ranks[1].apply(a1.result()).run.size(), size_t{4});
+  std::vector<CachedRounds::Outcome> outcomes = roundOfTwo(ranks);
+  CHECK_EQ(outcomes[0].run.size(), size_t{4});
+  CHECK_EQ(outcomes[1].run.size(), size_t{4});
 }
 
 TEST(a_waiting_op_turns_stale_so_rank_0_can_name_who_is_missing) {
@@ -293,21 +291,13 @@ TEST(a_waiting_op_turns_stale_so_rank_0_can_name_who_is_missing) {
 TEST(a_slot_one_rank_sent_to_rank_0_goes_there_from_every_rank) {
   // Rank 1 sent grad.0 inline to rank 0; rank 0 had submitted it to the
   // agreement: the round hands rank 0's copy to rank 0's coordinator too.
-  AgreementLayout l = CachedRounds(64, 1 << 16).layout();
   std::vector<CachedRounds> ranks(2, CachedRounds(64, 1 << 16));
   for (int r = 0; r < 2; ++r) ranks[r].learn(0, cachedOp("grad.0", 0), true);
   ranks[0].submit(0);
   ranks[1].sentToCoordinator(0);
-  BitAgreement a0(2, 0, l), a1(2, 1, l);
-  a0.start(ranks[0].vector());
-  a1.start(ranks[1].vector());
-  std::vector<std::pair<int, AgreementMessage>> out0, out1;
-  a0.takeSends(out0);
-  a1.takeSends(out1);
-  CHECK(a1.receive(0, out0.at(0).second).ok());
-  CHECK(a0.receive(1, out1.at(0).second).ok());
-  CachedRounds::Outcome o0 = ranks[0].apply(a0.result());
-  CachedRounds::Outcome o1 = ranks[1].apply(a1.result());
+  std::vector<CachedRounds::Outcome> outcomes = roundOfTwo(ranks);
+  const CachedRounds::Outcome& o0 = outcomes[0];
+  const CachedRounds::Outcome& o1 = outcomes[1];
   CHECK(o0.to_coordinator == std::vector<int32_t>{0});
   CHECK(o1.to_coordinator.empty());
   CHECK(o0.run.empty() && o1.run.empty());
@@ -317,21 +307,12 @@ TEST(a_slot_one_rank_sent_to_rank_0_goes_there_from_every_rank) {
 }
 
 TEST(while_a_rank_has_joined_cached_ops_go_to_rank_0) {
-  AgreementLayout l = CachedRounds(64, 1 << 16).layout();
   std::vector<CachedRounds> ranks(2, CachedRounds(64, 1 << 16));
   for (int r = 0; r < 2; ++r) ranks[r].learn(0, cachedOp("grad.0", 0), true);
   ranks[0].submit(0);
   ranks[1].setJoined(true);
   CHECK(ranks[1].hasNews());
-  BitAgreement a0(2, 0, l), a1(2, 1, l);
-  a0.start(ranks[0].vector());
-  a1.start(ranks[1].vector());
-  std::vector<std::pair<int, AgreementMessage>> out0, out1;
-  a0.takeSends(out0);
-  a1.takeSends(out1);
-  CHECK(a1.receive(0, out0.at(0).second).ok());
-  CHECK(a0.receive(1, out1.at(0).second).ok());
-  CachedRounds::Outcome o = ranks[0].apply(a0.result());
+  CachedRounds::Outcome o = roundOfTwo(ranks)[0];
   CHECK(o.run.empty());
   CHECK(o.to_coordinator == std::vector<int32_t>{0});
   CHECK_EQ(ranks[0].waiting(), size_t{0});
