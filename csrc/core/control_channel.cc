@@ -185,10 +185,14 @@ void ControlChannel::dropWorker(int rank) { workers_.at(rank).reset(); }
 
 void ControlChannel::sendToCoordinator(const std::string& frame) {
   if (!to_coordinator_) {
-    throw transportFailure("lost the control connection to rank 0 (the coordinator): it exited, "
-                           "crashed or called shutdown()");
+    throw ControlChannel::coordinatorLost();
   }
   to_coordinator_->send(frame);
+}
+
+StatusError ControlChannel::coordinatorLost() {
+  return transportFailure("lost the control connection to rank 0 (the coordinator): it exited, "
+                          "crashed or called shutdown()");
 }
 
 void ControlChannel::dropCoordinator() { to_coordinator_.reset(); }

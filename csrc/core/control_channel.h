@@ -53,6 +53,9 @@ class ControlChannel {
   // Rank 0: stops reading and writing `rank`'s connection (it said goodbye;
   // its close follows). Frames to it are dropped from then on.
   void dropWorker(int rank);
+  // Not rank 0: the failure of every op that still needs rank 0 once its
+  // connection closed (one wording wherever it is noticed).
+  static StatusError coordinatorLost();
   // Not rank 0: stops reading rank 0's closed connection (the engine decides
   // whether anything still needs it); a later send fails as a lost peer.
   void dropCoordinator();

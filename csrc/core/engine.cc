@@ -438,8 +438,7 @@ void Engine::readCoordinator() {
     return;
   }
   if (!open && !coordinator_gone_) {
-    throw transportFailure("lost the control connection to rank 0 (the coordinator): it exited, "
-                           "crashed or called shutdown()");
+    throw ControlChannel::coordinatorLost();
   }
 }
 
