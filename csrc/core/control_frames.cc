@@ -69,6 +69,73 @@ WorkerFrame decodeWorkerFrame(const std::string& frame, int rank) {
   return out;
 }
 
+std::string encodeRelay(const std::vector<Relayed>& items) {
+  // u8 kind, u32 n, n x (i32 rank, u8 closed, [bytes frame])
+  Writer w;
+  w.put<uint8_t>(WorkerFrame::kRelay);
+  w.put<uint32_t>(static_cast<uint32_t>(items.size()));
+  for (const auto& item : items) {
+    w.put<int32_t>(item.rank);
+    w.put<uint8_t>(item.closed);
+    if (!item.closed) w.putString(item.frame);
+  }
+  return std::move(w.buffer());
+}
+
+bool isRelayFrame(const std::string& frame) {
+  return !frame.empty() && static_cast<uint8_t>(frame[0]) == WorkerFrame::kRelay;
+}
+
+namespace {
+
+int checkedRank(Reader& r, int size, const char* what) {
+  const int32_t rank = r.get<int32_t>();
+  if (rank < 1 || rank >= size)
+    throw WireError(std::string(what) + " names rank " + std::to_string(rank) + ", not in [1, " +
+                    std::to_string(size) + ")");
+  return rank;
+}
+
+}  // namespace
+
+std::vector<Relayed> decodeRelay(const std::string& frame, int size) {
+  Reader r(frame);
+  if (r.get<uint8_t>() != WorkerFrame::kRelay) throw WireError("not a host leader's relay frame");
+  const uint32_t n = r.getCount(4 + 1);
+  std::vector<Relayed> out;
+  out.reserve(std::min<uint32_t>(n, 4096));
+  for (uint32_t i = 0; i < n; ++i) {
+    Relayed item;
+    item.rank = checkedRank(r, size, "a relay frame");
+    const uint8_t closed = r.get<uint8_t>();
+    if (closed > 1) throw WireError("relay frame with closed flag " + std::to_string(closed));
+    item.closed = closed == 1;
+    if (!item.closed) item.frame = r.getString();
+    out.push_back(std::move(item));
+  }
+  if (!r.done()) throw WireError("trailing bytes in a relay frame");
+  return out;
+}
+
+std::string encodeRoster(const std::vector<int>& ranks) {
+  Writer w;  // u8 kind, u32 n, n x i32 rank
+  w.put<uint8_t>(WorkerFrame::kRoster);
+  w.put<uint32_t>(static_cast<uint32_t>(ranks.size()));
+  for (int rank : ranks) w.put<int32_t>(rank);
+  return std::move(w.buffer());
+}
+
+std::vector<int> decodeRoster(const std::string& frame, int size) {
+  Reader r(frame);
+  if (r.get<uint8_t>() != WorkerFrame::kRoster) throw WireError("not a host leader's roster");
+  const uint32_t n = r.getCount(4);
+  std::vector<int> ranks;
+  ranks.reserve(n);  // bounded by the frame's bytes (getCount)
+  for (uint32_t i = 0; i < n; ++i) ranks.push_back(checkedRank(r, size, "a roster"));
+  if (!r.done()) throw WireError("trailing bytes in a roster");
+  return ranks;
+}
+
 std::string encodeResponses(const std::vector<Response>& responses) {
   Writer w;  // u8 kind, u32 n, n x Response
   w.put<uint8_t>(CoordinatorFrame::kResponses);

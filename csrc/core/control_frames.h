@@ -17,9 +17,10 @@
 
 namespace hvd {
 
-// Ranks -> coordinator.
+// Ranks -> coordinator (kRelay and kRoster come from host leaders only and
+// decode below, not by decodeWorkerFrame).
 struct WorkerFrame {
-  enum Kind : uint8_t { kRequests = 0, kBye = 1 };
+  enum Kind : uint8_t { kRequests = 0, kBye = 1, kRelay = 2, kRoster = 3 };
   Kind kind = kRequests;
   std::vector<Arrival> arrivals;  // kRequests; each with the sender's rank
 };
@@ -27,6 +28,22 @@ std::string encodeArrivals(const std::vector<Arrival>& arrivals);
 std::string encodeBye();
 // `rank`: the sender (the socket it came on), written into each arrival.
 WorkerFrame decodeWorkerFrame(const std::string& frame, int rank);
+
+// Host leader -> rank 0 (control_relay.cc): its host's ranks' frames, each
+// with the rank that sent it, and the ranks whose connection to it closed.
+struct Relayed {
+  int rank = 0;
+  bool closed = false;  // no frame: this rank's connection to its leader closed
+  std::string frame;
+};
+std::string encodeRelay(const std::vector<Relayed>& items);
+bool isRelayFrame(const std::string& frame);
+// Every rank is in [1, size): a leader speaks for none outside the job.
+std::vector<Relayed> decodeRelay(const std::string& frame, int size);
+// Host leader -> rank 0, its first frame after the welcome: the ranks whose
+// frames it relays (its host's, not itself), each in [1, size).
+std::string encodeRoster(const std::vector<int>& ranks);
+std::vector<int> decodeRoster(const std::string& frame, int size);
 
 // Coordinator -> ranks.
 struct CoordinatorFrame {

@@ -64,7 +64,11 @@ void Engine::connect(const BackendFactory& make_backend, DevicePlaneFactory make
     control_.connect(*store_, prefix);
     backend_ = make_backend(topology_, config_, *store_, prefix + "data/");
     // The data plane's choice is every rank's: the ranks share one host.
-    if (std::string(backend_->name()) == "shm") attachRingsAndLane(prefix + "control/");
+    if (std::string(backend_->name()) == "shm") {
+      attachRingsAndLane(prefix + "control/");
+    } else {
+      control_.attachHostRings(*store_, prefix + "control/");
+    }
     connectAgreement(prefix + "agreement/");
   }
   if (topology_.size == 1) sets_.setRendezvous(nullptr, "", make_backend, std::move(make_device));
@@ -374,32 +378,31 @@ void Engine::arrive(Arrival a, const Request* own) {
 }
 
 void Engine::readWorkers() {
-  for (int rank = 1; rank < topology_.size; ++rank) {
-    std::vector<std::string> frames;
+  worker_frames_.clear();
+  lost_ranks_.clear();
+  control_.readWorkers(worker_frames_, lost_ranks_);
+  for (ControlChannel::FromWorker& from : worker_frames_) {
+    const int rank = from.rank;
     if (!departed_.empty() && departed_[rank]) continue;
-    bool open = control_.readFrom(rank, frames);
-    for (const auto& frame : frames) {
-      WorkerFrame f = decodeWorkerFrame(frame, rank);
-      if (f.kind == WorkerFrame::kBye) {
-        // With the agreement, a rank that leaves may still owe its partners
-        // the messages of a round it finished (they come before its links
-        // close): only ops rank 0 negotiates need it from now on (below).
-        if (agreement_) {
-          if (departed_.empty()) departed_.assign(topology_.size, false);
-          departed_[rank] = true;
-          control_.dropWorker(rank);
-          open = true;
-          break;
-        }
-        throw transportFailure("rank " + std::to_string(rank) +
-                               " called shutdown(); collectives that need it cannot complete");
+    WorkerFrame f = decodeWorkerFrame(from.frame, rank);
+    if (f.kind == WorkerFrame::kBye) {
+      // With the agreement, a rank that leaves may still owe its partners
+      // the messages of a round it finished (they come before its links
+      // close): only ops rank 0 negotiates need it from now on (below).
+      if (agreement_) {
+        if (departed_.empty()) departed_.assign(topology_.size, false);
+        departed_[rank] = true;
+        control_.dropWorker(rank);
+        continue;
       }
-      for (Arrival& a : f.arrivals) arrive(std::move(a), nullptr);
-    }
-    if (!open) {
       throw transportFailure("rank " + std::to_string(rank) +
-                             " exited or lost its connection to the coordinator (rank 0)");
+                             " called shutdown(); collectives that need it cannot complete");
     }
+    for (Arrival& a : f.arrivals) arrive(std::move(a), nullptr);
+  }
+  for (int rank : lost_ranks_) {
+    if (!departed_.empty() && departed_[rank]) continue;
+    throw transportFailure(control_.lostMessage(rank));
   }
   dispatch(coordinator_->takeReady());
   if (!departed_.empty() && coordinator_->hasWaiting()) {
@@ -438,7 +441,7 @@ void Engine::readCoordinator() {
     return;
   }
   if (!open && !coordinator_gone_) {
-    throw ControlChannel::coordinatorLost();
+    throw control_.coordinatorLost();
   }
 }
 

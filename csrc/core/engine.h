@@ -125,6 +125,11 @@ class Engine final : private Lane::Sink {
   std::string backendName(int32_t process_set) const;
   // How control frames travel: "shm", "tcp", or "local" (one rank).
   std::string controlPlane() const;
+  // Connections this rank's control channel made at start (rank 0 with host
+  // leaders: its host's ranks and one per other host), and frames it relayed
+  // for its host as a leader (diagnostics, tests). Any thread.
+  size_t controlLinks() const { return control_.links(); }
+  uint64_t relayedFrames() const { return control_.relayed(); }
   const EngineConfig& config() const { return config_; }
   // Every registered process set (any thread may read it).
   const ProcessSetTable& processSets() const { return process_sets_; }
@@ -268,6 +273,9 @@ class Engine final : private Lane::Sink {
   // each the request of its pending_ entry.
   std::vector<Arrival> arrivals_;
   std::vector<const Request*> own_requests_;
+  // readWorkers' scratch (rank 0), kept for its capacity.
+  std::vector<ControlChannel::FromWorker> worker_frames_;
+  std::vector<int> lost_ranks_;
   size_t inline_in_flight_ = 0;  // inline traffic of pending_ (see takeSubmissions)
   RankCache rank_cache_;
   bool joined_ = false;  // this rank called join() and waits for the others

@@ -162,7 +162,7 @@ void Engine::progressRounds() {
   const bool stuck = !agreement_->active() &&
                      (outcome_pending_ || (!pending_.empty() && !rounds_->hasNews()));
   if (coordinator_gone_ && stuck) {
-    throw ControlChannel::coordinatorLost();
+    throw control_.coordinatorLost();
   }
   if (gone_partner_ >= 0 && (agreement_->active() || rounds_->waiting() > 0)) {
     const Status why = control_.diagnosePeerFailure();

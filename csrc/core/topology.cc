@@ -106,6 +106,7 @@ EngineConfig EngineConfig::fromEnvironment() {
   c.agreement = agreement == "1"   ? EngineConfig::Agreement::kOn
                 : agreement == "0" ? EngineConfig::Agreement::kOff
                                    : EngineConfig::Agreement::kAuto;
+  c.host_leaders = envInt("HVD_TORCH_HOST_LEADERS", 1) != 0;
   const std::string join_average = envString("HVD_TORCH_JOIN_AVERAGE", "size");
   if (join_average != "size" && join_average != "contributors") {
     throw std::invalid_argument("HVD_TORCH_JOIN_AVERAGE=" + join_average +

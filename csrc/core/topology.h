@@ -87,6 +87,10 @@ struct EngineConfig {
   // across hosts, off on one host (whose Gloo-only jobs keep rank 0's star).
   enum class Agreement { kOff, kOn, kAuto };
   Agreement agreement = Agreement::kAuto;  // HVD_TORCH_AGREEMENT = 0, 1 or auto
+  // Across hosts, each host's first rank relays its ranks' control frames to
+  // rank 0, which then holds one connection per other host (issue #47;
+  // control_channel.h). Rank 0's setting decides for the job.
+  bool host_leaders = true;  // HVD_TORCH_HOST_LEADERS
   // Average while some ranks have joined: over the whole set (false, Horovod)
   // or over the ranks that submitted (HVD_TORCH_JOIN_AVERAGE=contributors).
   bool join_average_contributors = false;  // HVD_TORCH_JOIN_AVERAGE

@@ -78,6 +78,15 @@ PYBIND11_MODULE(_C, m) {
     auto engine = currentEngine();
     return engine ? engine->agreementRounds() : uint64_t{0};
   }, "Rounds of the agreement this process finished (Engine::agreementRounds).");
+  m.def("control_links", [] {
+    auto engine = currentEngine();
+    return engine ? engine->controlLinks() : size_t{0};
+  }, "Control connections this process made at start (rank 0 with host leaders: its host's "
+     "ranks and one per other host).");
+  m.def("relayed_frames", [] {
+    auto engine = currentEngine();
+    return engine ? engine->relayedFrames() : uint64_t{0};
+  }, "Control frames this process relayed to rank 0 for its host's ranks (a host leader).");
   m.def("lane_ops", [] {
     auto engine = currentEngine();
     return engine ? engine->laneOps() : uint64_t{0};

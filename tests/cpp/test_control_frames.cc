@@ -1,7 +1,14 @@
 // The control channel's frames (control_frames.h): every kind round-trips,
 // and a cut or unknown frame is a WireError, never a wrong message.
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <new>
+
 #include "check.h"
 #include "core/control_frames.h"
+#include "core/wire.h"
 
 using namespace hvd;
 
@@ -208,6 +215,229 @@ TEST(trailing_bytes_are_wire_errors) {
   CHECK_THROWS(decodeHello(encodeHello(hello(1)) + "x"), WireError);
   CHECK_THROWS(decodeChallenge(encodeChallenge(challenge()) + "x"), WireError);
   CHECK_THROWS(decodeProof(encodeProof("p") + "x"), WireError);
+}
+
+// A host leader's relay frame and roster (issue #47) are rank 0's to decode
+// from the network: hostile input, like every frame above. Their ranks index
+// rank 0's tables, so a rank outside [1, size) is a WireError, never a read.
+
+namespace {
+
+// The largest single allocation since the last reset, on any thread: a
+// decoder of a peer's frame must allocate no more than the frame could fill.
+// A probe, not state the code under test reads; hence a global.
+std::atomic<size_t> largest_allocation{0};
+
+size_t largestAllocationDuring(const std::function<void()>& fn) {
+  largest_allocation = 0;
+  fn();
+  return largest_allocation.load();
+}
+
+constexpr int kSize = 8;  // the job's ranks in these tests
+
+std::vector<Relayed> relayedItems() {
+  std::vector<Relayed> items(4);
+  items[0].rank = 1;
+  items[0].frame = encodeArrivals({arrivalWithRequest(), cachedArrival(5)});
+  items[1].rank = 3;
+  items[1].closed = true;
+  items[2].rank = 2;  // an empty frame: relayed as it is
+  items[3].rank = kSize - 1;
+  items[3].frame = std::string("\x00\xff\x02\x00\x80zz\x00", 8);
+  return items;
+}
+
+// A relay frame of one item, its rank and closed flag written as given.
+std::string relayOf(int32_t rank, uint8_t closed, const std::string& frame = "") {
+  Writer w;
+  w.put<uint8_t>(WorkerFrame::kRelay);
+  w.put<uint32_t>(1);
+  w.put<int32_t>(rank);
+  w.put<uint8_t>(closed);
+  if (closed == 0) w.putString(frame);
+  return w.buffer();
+}
+
+}  // namespace
+
+// Operators new and delete counting the largest request (above): every
+// allocation of this binary goes through them, in pairs with malloc and free
+// (which GCC, seeing both ends inlined, takes for a mismatch).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpragmas"
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(size_t n) {
+  size_t seen = largest_allocation.load(std::memory_order_relaxed);
+  while (n > seen && !largest_allocation.compare_exchange_weak(seen, n, std::memory_order_relaxed)) {
+  }
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return ::operator new(n);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
+
+TEST(relay_frames_round_trip) {
+  const std::vector<Relayed> items = relayedItems();
+  const std::string frame = encodeRelay(items);
+  CHECK(isRelayFrame(frame));
+  const std::vector<Relayed> out = decodeRelay(frame, kSize);
+  if (!CHECK_EQ(out.size(), items.size())) return;
+  for (size_t i = 0; i < items.size(); ++i) {
+    CHECK_EQ(out[i].rank, items[i].rank);
+    CHECK_EQ(out[i].closed, items[i].closed);
+    CHECK_EQ(out[i].frame, items[i].frame);
+  }
+  // The relayed frame is the rank's own, whole: it decodes as that rank's.
+  const WorkerFrame inner = decodeWorkerFrame(out[0].frame, out[0].rank);
+  CHECK_EQ(inner.arrivals.size(), size_t{2});
+  CHECK(decodeRelay(encodeRelay({}), kSize).empty());
+  CHECK(decodeRelay(encodeRelay({}), 1).empty());  // a job of one rank: nothing to relay
+  // A closed rank's entry carries no frame, whatever the item held.
+  Relayed closed;
+  closed.rank = 2;
+  closed.closed = true;
+  const std::string bare = encodeRelay({closed});
+  closed.frame = "ignored";
+  CHECK_EQ(encodeRelay({closed}), bare);
+  // Rank 0 reads a relay through this decoder only (control_relay.cc).
+  CHECK_THROWS(decodeWorkerFrame(frame, 1), WireError);
+}
+
+TEST(rosters_round_trip) {
+  const std::vector<int> ranks = {3, 1, kSize - 1, 2};
+  CHECK(decodeRoster(encodeRoster(ranks), kSize) == ranks);
+  CHECK(decodeRoster(encodeRoster({}), kSize).empty());
+  CHECK(!isRelayFrame(encodeRoster(ranks)));
+}
+
+TEST(is_relay_frame_reads_only_the_kind) {
+  CHECK(!isRelayFrame(""));
+  CHECK(!isRelayFrame(encodeArrivals({})));
+  CHECK(!isRelayFrame(encodeArrivals({cachedArrival(1)})));
+  CHECK(!isRelayFrame(encodeBye()));
+  CHECK(!isRelayFrame(encodeRoster({1})));
+  CHECK(!isRelayFrame(std::string(1, '\x09')));
+  CHECK(isRelayFrame(encodeRelay({})));
+  CHECK(isRelayFrame(encodeRelay(relayedItems())));
+}
+
+TEST(every_cut_relay_frame_or_roster_is_a_wire_error) {
+  CHECK_EQ(prefixesThatDecode(encodeRelay(relayedItems()),
+                              [](const std::string& f) { decodeRelay(f, kSize); }),
+           0);
+  CHECK_EQ(prefixesThatDecode(encodeRelay({}), [](const std::string& f) { decodeRelay(f, kSize); }), 0);
+  CHECK_EQ(prefixesThatDecode(encodeRoster({1, 2, 3}),
+                              [](const std::string& f) { decodeRoster(f, kSize); }),
+           0);
+  CHECK_EQ(prefixesThatDecode(encodeRoster({}), [](const std::string& f) { decodeRoster(f, kSize); }), 0);
+}
+
+TEST(ranks_outside_one_to_size_are_wire_errors) {
+  CHECK_EQ(decodeRelay(relayOf(kSize - 1, 0, "f"), kSize).at(0).rank, kSize - 1);
+  CHECK_EQ(decodeRelay(relayOf(1, 1), kSize).at(0).rank, 1);
+  for (int32_t rank : {0, -1, std::numeric_limits<int32_t>::min(), kSize, kSize + 1,
+                       std::numeric_limits<int32_t>::max()}) {
+    CHECK_THROWS(decodeRelay(relayOf(rank, 0, "f"), kSize), WireError);
+    CHECK_THROWS(decodeRelay(relayOf(rank, 1), kSize), WireError);
+    CHECK_THROWS(decodeRoster(encodeRoster({rank}), kSize), WireError);
+    // A bad rank after good ones still fails the whole frame.
+    CHECK_THROWS(decodeRoster(encodeRoster({1, 2, rank}), kSize), WireError);
+  }
+  // In a job of one rank, or of a size no job has, no rank is relayed.
+  for (int size : {1, 0, -1}) {
+    CHECK_THROWS(decodeRelay(relayOf(1, 1), size), WireError);
+    CHECK_THROWS(decodeRoster(encodeRoster({1}), size), WireError);
+  }
+}
+
+TEST(a_closed_flag_other_than_0_or_1_is_a_wire_error) {
+  for (uint8_t flag : {2, 3, 0x80, 0xff}) {
+    std::string frame = relayOf(2, 1);
+    frame[9] = static_cast<char>(flag);  // u8 kind, u32 n, i32 rank, u8 closed
+    CHECK_THROWS(decodeRelay(frame, kSize), WireError);
+    // Nor is it read as "open" with the bytes after it taken for a frame.
+    CHECK_THROWS(decodeRelay(frame + encodeProof("f"), kSize), WireError);
+  }
+}
+
+TEST(relay_frames_and_rosters_with_trailing_bytes_are_wire_errors) {
+  for (const std::string& tail : {std::string("x"), std::string(1, '\0'), std::string(4, '\0')}) {
+    CHECK_THROWS(decodeRelay(encodeRelay(relayedItems()) + tail, kSize), WireError);
+    CHECK_THROWS(decodeRelay(encodeRelay({}) + tail, kSize), WireError);
+    CHECK_THROWS(decodeRoster(encodeRoster({1, 2}) + tail, kSize), WireError);
+    CHECK_THROWS(decodeRoster(encodeRoster({}) + tail, kSize), WireError);
+  }
+}
+
+TEST(wrong_kinds_are_wire_errors) {
+  const std::string relay = encodeRelay(relayedItems());
+  const std::string roster = encodeRoster({1, 2});
+  CHECK_THROWS(decodeRelay(roster, kSize), WireError);
+  CHECK_THROWS(decodeRoster(relay, kSize), WireError);
+  for (const std::string& other : {encodeBye(), encodeArrivals({}), std::string(1, '\x09'), std::string()}) {
+    CHECK_THROWS(decodeRelay(other, kSize), WireError);
+    CHECK_THROWS(decodeRoster(other, kSize), WireError);
+  }
+  // The same body under another kind byte.
+  for (uint8_t kind : {0, 1, 4, 0xff}) {
+    std::string r = relay;
+    r[0] = static_cast<char>(kind);
+    CHECK_THROWS(decodeRelay(r, kSize), WireError);
+    std::string s = roster;
+    s[0] = static_cast<char>(kind);
+    CHECK_THROWS(decodeRoster(s, kSize), WireError);
+  }
+}
+
+// The count is the leader's: one beyond what follows is cut, one short leaves
+// trailing bytes, and a count the frame's bytes could hold but whose items are
+// bad allocates no more than the frame's size before it fails.
+TEST(relay_and_roster_counts_beyond_the_frame_are_wire_errors_not_allocations) {
+  // A frame whose u32 count (after the kind byte) is `n`.
+  auto withCount = [](std::string frame, uint32_t n) {
+    return frame.replace(1, 4, reinterpret_cast<const char*>(&n), 4);
+  };
+  const std::string relay = encodeRelay(relayedItems());  // 4 items
+  const std::string roster = encodeRoster({1, 2, 3});     // 3 ranks
+  for (uint32_t n : {0xffffffffu, 0x80000000u, 0x10000000u, 5u, 3u}) {
+    const std::string r = withCount(relay, n);
+    const size_t largest = largestAllocationDuring([&] { CHECK_THROWS(decodeRelay(r, kSize), WireError); });
+    CHECK(largest < (size_t{1} << 20));
+  }
+  for (uint32_t n : {0xffffffffu, 0x80000000u, 0x10000000u, 4u, 2u}) {
+    const std::string s = withCount(roster, n);
+    const size_t largest = largestAllocationDuring([&] { CHECK_THROWS(decodeRoster(s, kSize), WireError); });
+    CHECK(largest < (size_t{1} << 20));
+  }
+  // 4 MiB of zeros: as many items as their smallest size fits (rank 0, the
+  // first one, is refused).
+  const std::string zeros(size_t{4} << 20, '\0');
+  for (size_t item : {size_t{5}, size_t{4}}) {
+    const uint32_t n = static_cast<uint32_t>(zeros.size() / item);
+    Writer w;
+    w.put<uint8_t>(item == 5 ? WorkerFrame::kRelay : WorkerFrame::kRoster);
+    w.put<uint32_t>(n);
+    w.append(zeros.data(), zeros.size());
+    const std::string frame = w.buffer();
+    const size_t largest = largestAllocationDuring([&] {
+      if (item == 5) {
+        CHECK_THROWS(decodeRelay(frame, kSize), WireError);
+      } else {
+        CHECK_THROWS(decodeRoster(frame, kSize), WireError);
+      }
+    });
+    CHECK(largest <= frame.size());
+  }
 }
 
 int main() { return check::runAll(); }

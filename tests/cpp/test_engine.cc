@@ -150,9 +150,11 @@ struct Job {
 // `fail_rank`'s backend throws at its `fail_at`-th allreduce (InternalError
 // if `as_bug`, else a transport failure); `plane`: the fake plane's name
 // (FakeBackend).
+// `hosts`: the ranks split into that many hosts of n / hosts ranks each,
+// consecutive ranks on one host (as hvdrun places them).
 std::unique_ptr<Job> startJob(int n, const std::function<void(EngineConfig&)>& tweak = nullptr,
                               int fail_rank = -1, int fail_at = -1, bool as_bug = false,
-                              const char* plane = "fake") {
+                              const char* plane = "fake", int hosts = 1) {
   auto job = std::make_unique<Job>();
   job->hub = std::make_shared<Hub>(n);
   job->engines.resize(n);
@@ -164,8 +166,10 @@ std::unique_ptr<Job> startJob(int n, const std::function<void(EngineConfig&)>& t
       Topology t;
       t.rank = r;
       t.size = n;
-      t.local_rank = r;
-      t.local_size = n;
+      t.local_size = n / hosts;
+      t.local_rank = r % t.local_size;
+      t.cross_rank = r / t.local_size;
+      t.cross_size = hosts;
       EngineConfig c;
       c.store_host = "memory";
       c.secret = "secret";
@@ -541,6 +545,59 @@ TEST(an_agreed_job_fails_every_rank_when_one_leaves) {
   for (auto& t : threads) t.join();
   for (int r = 0; r < 2; ++r) {
     CHECK(!got[r].ok());
+    CHECK_EQ(static_cast<int>(got[r].code), static_cast<int>(Status::kPeerFailure));
+  }
+}
+
+// Issue #47: across hosts, each host's first rank relays its ranks' control
+// frames, so rank 0 holds one connection per other host; new names (every
+// step's) negotiate through them with the right sums, on 2 hosts of 3 ranks
+// and 3 hosts of 2.
+TEST(new_names_reach_rank_0_through_host_leaders) {
+  for (int hosts : {2, 3}) {
+    const int n = 6, per = n / hosts;
+    auto job = startJob(n, nullptr, -1, -1, false, "fake", hosts);
+    std::vector<std::string> errors(n);
+    onEveryRank(*job, [&](int r, Engine& e) {
+      for (int step = 0; step < 4; ++step) {
+        auto fresh = allreduce(e, "new." + std::to_string(step), {float(r), 1.f});
+        auto cached = allreduce(e, "cached", {float(step)});
+        Status a = waitFor(*fresh), b = waitFor(*cached);
+        if (!a.ok() || !b.ok() || fresh->out != std::vector<float>{15.f, 6.f} ||
+            cached->out != std::vector<float>{6.f * step})
+          errors[r] = "step " + std::to_string(step) + ": " + a.message + b.message;
+      }
+    });
+    for (int r = 0; r < n; ++r) CHECK_EQ(errors[r], std::string());
+    // Rank 0: its host's other ranks and one leader per other host.
+    CHECK_EQ(job->engines[0]->controlLinks(), size_t(per - 1 + hosts - 1));
+    for (int r = 1; r < n; ++r) {
+      const bool leader = r % per == 0;
+      CHECK_EQ(job->engines[r]->controlLinks(), size_t(leader ? per : 1));
+      if (leader) CHECK(job->engines[r]->relayedFrames() >= size_t(4 * (per - 1)));
+      if (!leader) CHECK_EQ(job->engines[r]->relayedFrames(), uint64_t{0});
+    }
+  }
+}
+
+// A host leader that leaves takes its host's path to rank 0 with it: every
+// other rank's op fails as a peer failure, none hangs.
+TEST(a_host_leader_that_leaves_fails_every_rank) {
+  const int n = 6;
+  auto job = startJob(n, nullptr, -1, -1, false, "fake", 2);
+  onEveryRank(*job, [&](int, Engine& e) { waitFor(*allreduce(e, "warm", {1.f})); });
+  job->engines[3]->shutdown();  // host 1's leader
+  std::vector<Status> got(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    if (r == 3) continue;
+    threads.emplace_back([&, r] { got[r] = waitFor(*allreduce(*job->engines[r], "after", {1.f})); });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    if (r == 3) continue;
+    CHECK(!got[r].ok());
+    CHECK(got[r].message.find("rank 3") != std::string::npos);
     CHECK_EQ(static_cast<int>(got[r].code), static_cast<int>(Status::kPeerFailure));
   }
 }

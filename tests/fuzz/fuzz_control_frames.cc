@@ -2,11 +2,15 @@
 // what the coordinator reads from every rank (decodeWorkerFrame, and the
 // handshake's decodeHello and decodeProof, read from anyone who connects) and
 // what the ranks read from the coordinator (decodeCoordinatorFrame, and the
-// handshake's decodeChallenge, read from whatever answers at rank 0's address).
+// handshake's decodeChallenge, read from whatever answers at rank 0's address),
+// and what rank 0 reads from a host leader (decodeRelay, decodeRoster).
 //
-// Input: one byte picks the decoder, the rest is the frame. A decode either
-// throws WireError or gives frames whose encoding decodes to the same bytes
-// again; isAbortFrame() agrees with the decoder.
+// Input: one byte picks the decoder (0 worker frame, 1 coordinator frame,
+// 2 hello, 3 challenge, 4 proof, 5 relay, 6 roster; a seed's byte keeps its
+// meaning), one byte is the sender's rank (the job's size for 5 and 6), the
+// rest is the frame. A decode either throws WireError or gives frames whose
+// encoding decodes to the same bytes again; isAbortFrame() and isRelayFrame()
+// agree with the decoders, and a relay's ranks are in [1, size).
 #include "core/control_frames.h"
 #include "fuzz_check.h"
 
@@ -37,6 +41,8 @@ std::string reencodeCoordinator(const CoordinatorFrame& f) {
 
 void workerFrame(const std::string& frame, int rank) {
   const WorkerFrame f = decodeWorkerFrame(frame, rank);
+  // Rank 0 tells a relay from a rank's own frame by this (control_relay.cc).
+  FUZZ_CHECK(!isRelayFrame(frame));
   for (const auto& a : f.arrivals) {
     FUZZ_CHECK(a.rank == rank);
     FUZZ_CHECK(a.has_inline || a.inline_data.empty());
@@ -94,12 +100,46 @@ void proof(const std::string& frame) {
   FUZZ_CHECK(encodeProof(decodeProof(frame)) == frame);
 }
 
+// Rank 0 indexes its tables by a relayed rank: [1, size) is the contract.
+void relay(const std::string& frame, int size) {
+  const std::vector<Relayed> items = decodeRelay(frame, size);
+  FUZZ_CHECK(isRelayFrame(frame));
+  for (const auto& item : items) {
+    FUZZ_CHECK(item.rank >= 1 && item.rank < size);
+    FUZZ_CHECK(!item.closed || item.frame.empty());
+  }
+  // No flag but 0 or 1 decodes, so the frame is its items' one encoding.
+  FUZZ_CHECK(encodeRelay(items) == frame);
+  const std::vector<Relayed> again = decodeRelay(frame, size);
+  FUZZ_CHECK(again.size() == items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    FUZZ_CHECK(again[i].rank == items[i].rank && again[i].closed == items[i].closed);
+    FUZZ_CHECK(again[i].frame == items[i].frame);
+  }
+  // What rank 0 does next: each relayed frame is its rank's worker frame.
+  for (const auto& item : items) {
+    if (item.closed) continue;
+    try {
+      workerFrame(item.frame, item.rank);
+    } catch (const WireError&) {
+    }
+  }
+}
+
+void roster(const std::string& frame, int size) {
+  const std::vector<int> ranks = decodeRoster(frame, size);
+  for (int r : ranks) FUZZ_CHECK(r >= 1 && r < size);
+  FUZZ_CHECK(encodeRoster(ranks) == frame);
+  FUZZ_CHECK(decodeRoster(frame, size) == ranks);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Input in(data, size);
-  const uint8_t which = in.byte() % 5;
-  const int rank = in.byte();
+  // Seeds are written with the values 0..6, which keep their decoders.
+  const uint8_t which = in.byte() % 7;
+  const int rank = in.byte();  // the sender's, or the job's size (relay, roster)
   const std::string frame = in.rest();
   try {
     switch (which) {
@@ -107,7 +147,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 1: coordinatorFrame(frame); break;
       case 2: hello(frame); break;
       case 3: challenge(frame); break;
-      default: proof(frame); break;
+      case 4: proof(frame); break;
+      case 5: relay(frame, rank); break;
+      default: roster(frame, rank); break;
     }
   } catch (const WireError&) {
     // A malformed frame: the engine drops the stranger or fails the peer.

@@ -149,6 +149,18 @@ void controlFrames() {
   challenge.proof = std::string(32, 'p');
   write("control_frames", "challenge", byte(3) + byte(0) + encodeChallenge(challenge));
   write("control_frames", "proof", byte(4) + byte(0) + encodeProof(std::string(32, 'p')));
+  // A host leader's, in a job of 8 ranks: its ranks' frames (one closed, one
+  // empty, one bare bye), and the roster it sends first.
+  std::vector<Relayed> relayed(4);
+  relayed[0].rank = 1;
+  relayed[0].frame = encodeArrivals(arrivals);
+  relayed[1].rank = 2;
+  relayed[1].closed = true;
+  relayed[2].rank = 3;
+  relayed[3].rank = 7;
+  relayed[3].frame = encodeBye();
+  write("control_frames", "relay", byte(5) + byte(8) + encodeRelay(relayed));
+  write("control_frames", "roster", byte(6) + byte(8) + encodeRoster({1, 2, 3, 7}));
 }
 
 void hostRecord() {

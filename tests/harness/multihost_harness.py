@@ -8,6 +8,7 @@ to its ranks), then SIGKILL, and the namespace teardown removes whatever is left
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -85,3 +86,13 @@ def hvdrun(args: list[str], timeout: float = 120, env=None, netns: str | None = 
 def rank_lines(out: str, rank) -> list[str]:
     tag = f"[{rank}]<stdout>:"
     return [line[len(tag):] for line in out.splitlines() if line.startswith(tag)]
+
+
+def rank_reports(run: Run, n: int) -> list[dict]:
+    """Each rank's one JSON line of stdout, by rank (a rank with none or several fails)."""
+    reports = []
+    for r in range(n):
+        lines = rank_lines(run.out, r)
+        assert len(lines) == 1, (r, run)
+        reports.append(json.loads(lines[0]))
+    return reports

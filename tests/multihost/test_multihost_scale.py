@@ -21,7 +21,8 @@ import time
 
 import pytest
 from hvdrun_job import HvdrunJob
-from multihost_harness import ROOT, cluster, finish, hvdrun, launcher_env, rank_lines, spawn
+from multihost_harness import (ROOT, cluster, finish, hvdrun, launcher_env, rank_lines,
+                               rank_reports, spawn)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multihost")]
 
@@ -53,15 +54,6 @@ def _run_job(tmp_path, shape, script, env=None):
     with cluster(tmp_path, list(HOST_NAMES[: SHAPES[shape][0]])) as hosts:
         return hvdrun(_hvdrun_args(hosts, shape, path, env), timeout=JOB_TIMEOUT,
                       env=launcher_env(**AGREEMENT, **env))
-
-
-def _reports(run, n):
-    reports = []
-    for r in range(n):
-        lines = rank_lines(run.out, r)
-        assert len(lines) == 1, (r, run)
-        reports.append(json.loads(lines[0]))
-    return reports
 
 
 # ---------------------------------------------------------------- every op
@@ -123,7 +115,7 @@ def test_every_op_is_agreed_with_exact_numbers_on_every_rank(tmp_path, shape):
     assert run.code == 0, run
     n, steps = 16, 3
     ranks_sum = n * (n - 1) // 2  # 120
-    reports = _reports(run, n)
+    reports = rank_reports(run, n)
     for rank, rep in enumerate(reports):
         got, counts = rep["got"], rep["counts"]
         assert (rep["rank"], rep["size"]) == (rank, n)
@@ -181,7 +173,7 @@ def test_a_stalled_cached_op_fails_on_every_rank_naming_the_late_rank(tmp_path, 
            "MH_LATE_RANK": str(late), "MH_LATE_SLEEP": "12"}  # fmt: skip
     run = _run_job(tmp_path, shape, STALL, env)
     assert run.code == 0, run
-    for rank, rep in enumerate(_reports(run, 16)):
+    for rank, rep in enumerate(rank_reports(run, 16)):
         message = rep["message"]
         assert rep["kind"] == "HorovodInternalError", (rank, rep, run)
         assert "stalled" in message and "'late'" in message, (rank, message)

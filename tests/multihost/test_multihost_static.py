@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from multihost_harness import ROOT, cluster, finish, hvdrun, rank_lines, spawn
+from multihost_harness import ROOT, cluster, finish, hvdrun, rank_lines, rank_reports, spawn
 from multihost_harness import launcher_env as _env
 
 # A rank that reports where it runs and what the engine says about it.
@@ -29,15 +29,6 @@ print(json.dumps(dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_ran
 """
 
 
-def _reports(run, n):
-    reports = {}
-    for r in range(n):
-        lines = rank_lines(run.out, r)
-        assert len(lines) == 1, run
-        reports[r] = json.loads(lines[0])
-    return reports
-
-
 def test_two_hosts_two_slots_each_collectives_and_layout(tmp_path):
     with cluster(tmp_path, ["a", "b"]) as hosts:
         a, b = hosts.address("a"), hosts.address("b")
@@ -46,8 +37,8 @@ def test_two_hosts_two_slots_each_collectives_and_layout(tmp_path):
              "python", "-c", TOPOLOGY],
         )  # fmt: skip
         assert run.code == 0, run
-        reports = _reports(run, 4)
-        for r, rep in reports.items():
+        reports = rank_reports(run, 4)
+        for r, rep in enumerate(reports):
             assert rep["rank"] == r and rep["size"] == 4
             assert (rep["local_rank"], rep["local_size"]) == (r % 2, 2)
             assert (rep["cross_rank"], rep["cross_size"]) == (r // 2, 2)
@@ -89,11 +80,11 @@ def test_hostfile_and_ssh_port(tmp_path):
         run = hvdrun(["-np", "3", "--hostfile", str(hostfile), *hosts.hvdrun_ssh_args(),
                       "python", "-c", TOPOLOGY])  # fmt: skip
         assert run.code == 0, run
-        reports = _reports(run, 3)
+        reports = rank_reports(run, 3)
         assert reports[0]["hosts"] == [a, b, b]
-        assert [(rep["local_rank"], rep["local_size"]) for rep in reports.values()] == [
+        assert [(rep["local_rank"], rep["local_size"]) for rep in reports] == [
             (0, 1), (0, 2), (1, 2)]  # fmt: skip
-        assert [rep["cross_rank"] for rep in reports.values()] == [0, 1, 1]
+        assert [rep["cross_rank"] for rep in reports] == [0, 1, 1]
 
 
 # Rank 0 reads, from the store, the addresses every rank advertised: the control
@@ -244,10 +235,10 @@ def test_local_and_remote_ranks_mix(tmp_path):
         run = hvdrun(["-np", "3", "-H", f"localhost:1,{a}:2", *hosts.hvdrun_ssh_args(),
                       "python", "-c", TOPOLOGY])  # fmt: skip
         assert run.code == 0, run
-        reports = _reports(run, 3)
+        reports = rank_reports(run, 3)
         assert reports[0]["hosts"] == [hosts.launcher_address(), a, a]
         assert reports[2]["total"] == 6
-        assert [rep["cross_rank"] for rep in reports.values()] == [0, 1, 1]
+        assert [rep["cross_rank"] for rep in reports] == [0, 1, 1]
 
 
 def _assert_secret_on_no_command_line(rank_pid):
@@ -302,8 +293,8 @@ def test_launcher_environment_reaches_remote_ranks_on_stdin_only(tmp_path, nrank
                       "-x", "MH_EXTRA=from -x", "-x", "DISPLAY", "python", "-c", ENVIRONMENT],
                      env=env)  # fmt: skip
         assert run.code == 0, run
-        reports = _reports(run, nranks)
-    for rep in reports.values():
+        reports = rank_reports(run, nranks)
+    for rep in reports:
         got = rep["env"]
         assert (got["DATA_DIR"], got["MH_TOKEN"], got["MH_LINES"]) == (
             "/data/set 1", token, "one\ntwo 'x'")  # fmt: skip
