@@ -1,19 +1,32 @@
 // The control plane at scale, simulated (issue #32 item 3): N ranks' arrivals
 // driven through rank 0's real Coordinator, CoordinatorCache and planFusion in
 // one process, with no sockets, the way Engine::readWorkers feeds them (every
-// rank's frame in rank order, then takeReady). What the engine adds around
-// this (decoding frames, encoding responses) is not measured here.
+// rank's frame in rank order, then takeReady).
 //
 // For each N it measures, over --reps fresh coordinators:
 //   cached: a step of --ops allreduces whose names every rank has cached
 //           (N x ops slot-id arrivals, then one fused response); cost per op
 //   new:    a name seen for the first time (N full requests, validation, a
-//           new cache slot); cost per op
+//           new cache slot); cost per op, the coordinator alone
+//   new with its frames (issue #47), two ways: rank 0's work for a new name
+//           from the frames it reads to the frames it queues:
+//     star:    N - 1 frames, one per rank (decodeWorkerFrame), the
+//              coordinator's work, one encodeResponses and N - 1 sends
+//     leaders: --per-host ranks per host; rank 0's own host's ranks send
+//              directly, each other host's leader sends one relay frame of
+//              its own frame and its ranks' (decodeRelay, then
+//              decodeWorkerFrame of each), and the response goes once to
+//              each of rank 0's host's ranks and once to each leader
+//           A send is what FrameSocket::send costs before the kernel: the
+//           frame appended, after its length, to the link's outbox. What the
+//           kernel adds per read and per write (the syscalls, the copies) is
+//           not measured: the table counts them instead.
 //   memory: bytes the coordinator holds (mallinfo2's in-use bytes, before
 //           and after), per simulated rank: at steady state with --ops names
 //           cached, and per rank per added cache slot
-// and checks every response while it measures. Prints a table; --json writes
-// the figures for bench/control_plane_plot.py.
+// and checks every response while it measures. The ranks' frames are encoded
+// before the clock starts: only rank 0's work is timed. Prints a table; --json
+// writes the figures for bench/control_plane_plot.py.
 #include <malloc.h>
 #include <time.h>
 
@@ -24,16 +37,24 @@
 #include <string>
 #include <vector>
 
+#include "core/control_frames.h"
 #include "core/coordinator.h"
 
 using namespace hvd;
 
 namespace {
 
+// Cache slots of each simulated coordinator: --ops names, then up to
+// kMaxNewOps new names for each of the three ways a new op is measured.
+constexpr size_t kCacheCapacity = 1024;
+constexpr long kMaxNewOps = 256;
+constexpr int kMaxOps = static_cast<int>(kCacheCapacity - 3 * kMaxNewOps);
+
 struct Options {
   int min_ranks = 2;
-  int max_ranks = 4096;
+  int max_ranks = 16384;
   int ops = 8;        // allreduces per cached step (one fused response)
+  int per_host = 8;   // ranks per host, host leaders' way of a new op
   int reps = 5;       // fresh coordinators per N
   long arrivals = 200000;  // per timed cached set: steps = arrivals / (N x ops)
   long new_arrivals = 100000;  // per timed set of new ops
@@ -76,6 +97,14 @@ void submit(Coordinator& c, Arrival&& a) {
   if (!status.ok()) fail(status.message);
 }
 
+// A new name's responses: exactly one, to execute it, with its new slot.
+int32_t checkNew(const std::vector<Response>& out, const Request& q) {
+  if (out.size() != 1 || out[0].kind != Response::kExecute || out[0].cache_ids.size() != 1 ||
+      out[0].cache_ids[0] < 0 || out[0].names.size() != 1 || out[0].names[0] != q.name)
+    fail("a new op did not come back as one cached execute response");
+  return out[0].cache_ids[0];
+}
+
 // Negotiates `name` in full: every rank sends its request. Returns the slot.
 int32_t negotiateNew(Coordinator& c, int n, const Request& q) {
   for (int r = 0; r < n; ++r) {
@@ -84,11 +113,118 @@ int32_t negotiateNew(Coordinator& c, int n, const Request& q) {
     a.request = q;
     submit(c, std::move(a));
   }
-  std::vector<Response> out = c.takeReady();
-  if (out.size() != 1 || out[0].kind != Response::kExecute || out[0].cache_ids.size() != 1 ||
-      out[0].cache_ids[0] < 0)
-    fail("a new op did not come back as one cached execute response");
-  return out[0].cache_ids[0];
+  return checkNew(c.takeReady(), q);
+}
+
+// The job's hosts for the host leaders' way: host h holds ranks
+// [h * per_host, min(n, (h + 1) * per_host)), and its first rank leads it.
+struct Hosts {
+  int n = 0;
+  int per_host = 0;
+  int count() const { return (n + per_host - 1) / per_host; }
+  int first(int h) const { return h * per_host; }
+  int end(int h) const { return std::min(n, (h + 1) * per_host); }
+};
+
+// Frames rank 0 handles per new op, each way: the links it reads (at least a
+// read each), the frames it decodes off them (a relay frame counted once, not
+// the frames inside it) and the frames it sends.
+struct FrameCounts {
+  long reads = 0;
+  long frames = 0;
+  long writes = 0;
+};
+
+FrameCounts starCounts(int n) { return {n - 1L, n - 1L, n - 1L}; }
+
+// With host leaders, rank 0's links are its own host's other ranks and each
+// other host's leader, whose own arrivals travel in its relay frame with its
+// ranks' (control_relay.cc): one frame per link.
+FrameCounts leaderCounts(const Hosts& hosts) {
+  FrameCounts c;
+  c.reads = c.writes = c.frames = (hosts.end(0) - 1) + (hosts.count() - 1);
+  return c;
+}
+
+// A rank's frame for its one new request, as its engine encodes it.
+std::string arrivalFrame(const Request& q) {
+  std::vector<Arrival> one(1);
+  one[0].request = q;
+  return encodeArrivals(one);
+}
+
+// What rank 0 reads for one new name, made before the clock starts; every
+// frame is its own buffer, as each arrives on its own link.
+struct Incoming {
+  Request own;  // rank 0's own request, which reaches its coordinator unencoded
+  std::vector<std::pair<int, std::string>> direct;  // (rank, frame): a link per rank
+  struct Leader {
+    int rank = 0;
+    int end = 0;         // its host is [rank, end)
+    std::string relay;   // its own frame and its host's ranks'
+  };
+  std::vector<Leader> leaders;
+};
+
+Incoming starFrames(int n, const Request& q) {
+  Incoming in;
+  in.own = q;
+  for (int r = 1; r < n; ++r) in.direct.emplace_back(r, arrivalFrame(q));
+  return in;
+}
+
+Incoming leaderFrames(const Hosts& hosts, const Request& q) {
+  Incoming in;
+  in.own = q;
+  for (int r = 1; r < hosts.end(0); ++r) in.direct.emplace_back(r, arrivalFrame(q));
+  for (int h = 1; h < hosts.count(); ++h) {
+    Incoming::Leader leader;
+    leader.rank = hosts.first(h);
+    leader.end = hosts.end(h);
+    std::vector<Relayed> items;
+    for (int r = leader.rank; r < leader.end; ++r) items.push_back({r, false, arrivalFrame(q)});
+    leader.relay = encodeRelay(items);
+    in.leaders.push_back(std::move(leader));
+  }
+  return in;
+}
+
+void feed(Coordinator& c, const std::string& frame, int rank) {
+  WorkerFrame f = decodeWorkerFrame(frame, rank);
+  if (f.kind != WorkerFrame::kRequests || f.arrivals.size() != 1) fail("a rank's frame decoded wrong");
+  submit(c, std::move(f.arrivals[0]));
+}
+
+// Rank 0's work for one new name, from what it read to what it queued:
+// decode every frame (a relay's, then each one in it, checking that its
+// leader speaks only for its own host, as ControlChannel::takeLinkFrames
+// does), feed the coordinator, encode its response once and append it to
+// every link's outbox (FrameSocket::send before its flush, whose erase the
+// clear() stands for). Returns the new slot.
+int32_t newWithFrames(Coordinator& c, int n, const Incoming& in, std::vector<std::string>& outboxes) {
+  Arrival mine;
+  mine.rank = 0;
+  mine.request = in.own;
+  submit(c, std::move(mine));
+  for (const auto& [rank, frame] : in.direct) feed(c, frame, rank);
+  for (const Incoming::Leader& leader : in.leaders) {
+    if (!isRelayFrame(leader.relay)) fail("a leader's relay frame is not one");
+    for (const Relayed& item : decodeRelay(leader.relay, n)) {
+      if (item.closed || item.rank < leader.rank || item.rank >= leader.end)
+        fail("a leader relayed a rank not of its host");
+      feed(c, item.frame, item.rank);
+    }
+  }
+  const std::vector<Response> out = c.takeReady();
+  const int32_t slot = checkNew(out, in.own);
+  const std::string frame = encodeResponses(out);
+  const uint32_t length = static_cast<uint32_t>(frame.size());
+  for (std::string& box : outboxes) {
+    box.append(reinterpret_cast<const char*>(&length), sizeof length);
+    box += frame;
+  }
+  for (std::string& box : outboxes) box.clear();
+  return slot;
 }
 
 // One steady-state step: every rank names every op by its slot.
@@ -116,20 +252,43 @@ struct Point {
   int ranks = 0;
   std::vector<double> cached_us;  // per op, one per rep
   std::vector<double> new_us;
+  std::vector<double> star_us;     // per new op with its frames, one per rep
+  std::vector<double> leaders_us;
+  std::vector<double> star_over_leaders;  // per rep: the same coordinator's two
+  FrameCounts star, leaders;
   std::vector<double> bytes_per_rank;       // steady state, ops names cached
   std::vector<double> slot_bytes_per_rank;  // each further cache slot
   int steps = 0;
   int new_ops = 0;
 };
 
+// `count` new names, each with the frames `make` gives it, made before the
+// clock starts; returns rank 0's CPU µs per new op.
+template <typename Make>
+double timeWithFrames(Coordinator& c, int n, int count, const char* kind, int rep, size_t links,
+                      Make make) {
+  std::vector<Incoming> ops;
+  for (int i = 0; i < count; ++i) ops.push_back(make(gradient(opName(kind, rep * 1000 + i))));
+  // Each link's outbox has room already, as a connection's does after its
+  // first frames.
+  std::vector<std::string> outboxes(links);
+  for (std::string& box : outboxes) box.reserve(512);
+  const double t0 = cpuSeconds();
+  for (const Incoming& in : ops) newWithFrames(c, n, in, outboxes);
+  return (cpuSeconds() - t0) * 1e6 / count;
+}
+
 void measure(const Options& o, int n, Point& p) {
   p.ranks = n;
   p.steps = static_cast<int>(std::max(2L, o.arrivals / (static_cast<long>(n) * o.ops)));
-  p.new_ops = static_cast<int>(std::clamp(o.new_arrivals / n, 2L, 256L));
+  p.new_ops = static_cast<int>(std::clamp(o.new_arrivals / n, 2L, kMaxNewOps));
+  const Hosts hosts{n, o.per_host};
+  p.star = starCounts(n);
+  p.leaders = leaderCounts(hosts);
   for (int rep = 0; rep < o.reps; ++rep) {
     const size_t heap0 = heapInUse();
     {
-      Coordinator c(n, size_t{64} << 20, 1024);
+      Coordinator c(n, size_t{64} << 20, kCacheCapacity);
       std::vector<int32_t> slots;
       for (int i = 0; i < o.ops; ++i) slots.push_back(negotiateNew(c, n, gradient(opName("cached", i))));
       cachedStep(c, n, slots);  // the table's spare entries now hold their buffers
@@ -151,7 +310,27 @@ void measure(const Options& o, int n, Point& p) {
       const size_t heap_after_new = heapInUse();
       p.slot_bytes_per_rank.push_back(static_cast<double>(heap_after_new - heap_before_new) /
                                       (static_cast<double>(n) * p.new_ops));
-      if (c.cacheSize() != static_cast<size_t>(o.ops + p.new_ops)) fail("cache size is off");
+
+      // The two ways alternate which goes first, so that a drift in the
+      // machine or in the coordinator's heap lands on both.
+      auto star = [&] {
+        p.star_us.push_back(timeWithFrames(c, n, p.new_ops, "star", rep, p.star.writes,
+                                           [n](const Request& q) { return starFrames(n, q); }));
+      };
+      auto leaders = [&] {
+        p.leaders_us.push_back(
+            timeWithFrames(c, n, p.new_ops, "leaders", rep, p.leaders.writes,
+                           [&hosts](const Request& q) { return leaderFrames(hosts, q); }));
+      };
+      if (rep % 2 == 0) {
+        star();
+        leaders();
+      } else {
+        leaders();
+        star();
+      }
+      p.star_over_leaders.push_back(p.star_us.back() / p.leaders_us.back());
+      if (c.cacheSize() != static_cast<size_t>(o.ops + 3 * p.new_ops)) fail("cache size is off");
     }
   }
 }
@@ -173,8 +352,10 @@ void writeJson(const Options& o, const std::vector<Point>& points) {
     for (size_t i = 0; i < v.size(); ++i) std::fprintf(f, "%s%.4f", i ? ", " : "", v[i]);
     std::fputc(']', f);
   };
-  std::fprintf(f, "{\n  \"bench\": \"control_plane_scale\",\n  \"ops_per_step\": %d,\n  \"reps\": %d,\n",
-               o.ops, o.reps);
+  std::fprintf(f,
+               "{\n  \"bench\": \"control_plane_scale\",\n  \"ops_per_step\": %d,\n  \"reps\": %d,\n"
+               "  \"per_host\": %d,\n",
+               o.ops, o.reps, o.per_host);
   std::fprintf(f, "  \"points\": [\n");
   for (size_t i = 0; i < points.size(); ++i) {
     const Point& p = points[i];
@@ -187,6 +368,18 @@ void writeJson(const Options& o, const std::vector<Point>& points) {
     list(p.bytes_per_rank);
     std::fprintf(f, ",\n     \"slot_bytes_per_rank\": ");
     list(p.slot_bytes_per_rank);
+    std::fprintf(f, ",\n     \"star_us_per_new_op\": ");
+    list(p.star_us);
+    std::fprintf(f, ",\n     \"leaders_us_per_new_op\": ");
+    list(p.leaders_us);
+    std::fprintf(f, ",\n     \"star_over_leaders\": ");
+    list(p.star_over_leaders);
+    std::fprintf(f,
+                 ",\n     \"star_reads_per_new_op\": %ld, \"star_frames_per_new_op\": %ld, "
+                 "\"star_writes_per_new_op\": %ld,\n     \"leaders_reads_per_new_op\": %ld, "
+                 "\"leaders_frames_per_new_op\": %ld, \"leaders_writes_per_new_op\": %ld",
+                 p.star.reads, p.star.frames, p.star.writes, p.leaders.reads, p.leaders.frames,
+                 p.leaders.writes);
     std::fprintf(f, "}%s\n", i + 1 < points.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
@@ -204,15 +397,18 @@ Options parse(int argc, char** argv) {
     if (arg == "--min-ranks") o.min_ranks = std::atoi(value());
     else if (arg == "--max-ranks") o.max_ranks = std::atoi(value());
     else if (arg == "--ops") o.ops = std::atoi(value());
+    else if (arg == "--per-host") o.per_host = std::atoi(value());
     else if (arg == "--reps") o.reps = std::atoi(value());
     else if (arg == "--arrivals") o.arrivals = std::atol(value());
     else if (arg == "--new-arrivals") o.new_arrivals = std::atol(value());
     else if (arg == "--json") o.json = value();
     else fail("unknown option " + arg +
-              " (--min-ranks --max-ranks --ops --reps --arrivals --new-arrivals --json)");
+              " (--min-ranks --max-ranks --ops --per-host --reps --arrivals --new-arrivals --json)");
   }
-  if (o.min_ranks < 2 || o.max_ranks < o.min_ranks || o.ops < 1 || o.ops > 512 || o.reps < 1)
-    fail("need 2 <= --min-ranks <= --max-ranks, 1 <= --ops <= 512, --reps >= 1");
+  if (o.min_ranks < 2 || o.max_ranks < o.min_ranks || o.ops < 1 || o.ops > kMaxOps || o.reps < 1 ||
+      o.per_host < 1)
+    fail("need 2 <= --min-ranks <= --max-ranks, 1 <= --ops <= " + std::to_string(kMaxOps) +
+         ", --per-host >= 1, --reps >= 1");
   return o;
 }
 
@@ -220,24 +416,52 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  std::printf("rank 0's control plane, %d ranks simulated in one process; %d allreduces per\n"
-              "cached step; min / median / max over %d fresh coordinators per row\n\n",
-              o.max_ranks, o.ops, o.reps);
-  std::printf("%6s  %-24s %12s  %-24s %12s %12s\n", "ranks", "cached us/op", "ns/rank/op",
-              "new op us", "B/rank", "B/rank/slot");
+  // Freed memory stays in the heap (no trim, no mmap below 32 MiB), as in a
+  // rank 0 that has run a while. Otherwise glibc hands part of a finished
+  // coordinator's heap back to the kernel, and whichever set of new ops
+  // comes next pays for the pages again (up to 2 ms per new op at 16,384
+  // ranks, in thread CPU time): the first rep of each N still does.
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  std::printf("rank 0's control plane, up to %d ranks simulated in one process; %d allreduces per\n"
+              "cached step; min / median / max over %d fresh coordinators per row.\n"
+              "new op us: the coordinator alone. star, leaders: a new op with its frames (decoded,\n"
+              "the response encoded once and queued on every link), every rank linked to rank 0 or\n"
+              "host leaders of %d ranks per host; star/leaders: median (min-max) of each\n"
+              "coordinator's ratio; frames rank 0 reads (links read, and frames decoded: a leader\n"
+              "sends its own in its relay) and writes per new op, star / leaders\n\n",
+              o.max_ranks, o.ops, o.reps, o.per_host);
+  std::printf("%6s  %-24s %12s  %-24s %12s %12s  %-24s %-24s %-17s %-15s %-15s %-15s\n", "ranks",
+              "cached us/op", "ns/rank/op", "new op us", "B/rank", "B/rank/slot", "star us/new op",
+              "leaders us/new op", "star/leaders", "reads", "frames", "writes");
   std::vector<Point> points;
-  for (int n = o.min_ranks; n <= o.max_ranks; n *= 2) {
-    Point p;
-    measure(o, n, p);
-    const Spread c = spread(p.cached_us), w = spread(p.new_us);
-    const Spread b = spread(p.bytes_per_rank), s = spread(p.slot_bytes_per_rank);
-    char cached[64], fresh[64];
-    std::snprintf(cached, sizeof cached, "%.2f / %.2f / %.2f", c.min, c.median, c.max);
-    std::snprintf(fresh, sizeof fresh, "%.1f / %.1f / %.1f", w.min, w.median, w.max);
-    std::printf("%6d  %-24s %12.1f  %-24s %12.0f %12.0f\n", n, cached, c.median * 1e3 / n, fresh,
-                b.median, s.median);
-    std::fflush(stdout);
-    points.push_back(std::move(p));
+  try {
+    for (int n = o.min_ranks; n <= o.max_ranks; n *= 2) {
+      Point p;
+      measure(o, n, p);
+      const Spread c = spread(p.cached_us), w = spread(p.new_us);
+      const Spread b = spread(p.bytes_per_rank), s = spread(p.slot_bytes_per_rank);
+      const Spread st = spread(p.star_us), le = spread(p.leaders_us);
+      const Spread ratio = spread(p.star_over_leaders);
+      char cached[64], fresh[64], star[64], leaders[64], ratios[64], reads[64], frames[64], writes[64];
+      std::snprintf(cached, sizeof cached, "%.2f / %.2f / %.2f", c.min, c.median, c.max);
+      std::snprintf(fresh, sizeof fresh, "%.1f / %.1f / %.1f", w.min, w.median, w.max);
+      std::snprintf(star, sizeof star, "%.1f / %.1f / %.1f", st.min, st.median, st.max);
+      std::snprintf(leaders, sizeof leaders, "%.1f / %.1f / %.1f", le.min, le.median, le.max);
+      std::snprintf(ratios, sizeof ratios, "%.2f (%.2f-%.2f)", ratio.median, ratio.min, ratio.max);
+      std::snprintf(reads, sizeof reads, "%ld / %ld", p.star.reads, p.leaders.reads);
+      std::snprintf(frames, sizeof frames, "%ld / %ld", p.star.frames, p.leaders.frames);
+      std::snprintf(writes, sizeof writes, "%ld / %ld", p.star.writes, p.leaders.writes);
+      std::printf("%6d  %-24s %12.1f  %-24s %12.0f %12.0f  %-24s %-24s %-17s %-15s %-15s %-15s\n", n,
+                  cached, c.median * 1e3 / n, fresh, b.median, s.median, star, leaders, ratios, reads,
+                  frames, writes);
+      std::fflush(stdout);
+      points.push_back(std::move(p));
+    }
+  } catch (const std::exception& e) {
+    // A frame that does not decode (WireError) is the bench's bug or the
+    // encoding's: say so rather than abort.
+    fail(std::string("a frame did not decode: ") + e.what());
   }
   if (!o.json.empty()) writeJson(o, points);
   return 0;

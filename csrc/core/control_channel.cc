@@ -29,6 +29,11 @@ void ControlChannel::sendToCoordinator(const std::string& frame) {
   if (!to_coordinator_) {
     throw coordinatorLost();
   }
+  // A leader's own frame goes with its host's, in one relay frame.
+  if (leader_) {
+    relayUp(&frame);
+    return;
+  }
   to_coordinator_->send(frame);
 }
 

@@ -155,7 +155,8 @@ class ControlChannel {
   // holds at least one frame: its bytes past that frame's.
   static constexpr uint32_t kRelayOverhead = 64;
   static constexpr size_t kRelayBatch = size_t{1} << 20;
-  void relayUp();
+  // `own`: a frame of this rank's to send with its host's (sendToCoordinator).
+  void relayUp(const std::string* own = nullptr);
   void relayDown(const std::vector<std::string>& frames);
   void closeHost();
   void takeLinkFrames(size_t index, std::vector<FromWorker>& frames, std::vector<int>& lost);

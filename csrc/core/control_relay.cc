@@ -1,6 +1,6 @@
 // Reading the control channel, and a host leader's relay (issue #47,
-// control_channel.h): a leader hands its host's ranks' frames to rank 0 in
-// one relay frame per read, each tagged with its rank, and rank 0's frames
+// control_channel.h): a leader hands its host's ranks' frames, and its own,
+// to rank 0 in one relay frame per read or send, each tagged with its rank, and rank 0's frames
 // (every one of which goes to every rank) on to each of its ranks. Rank 0
 // takes a relay frame apart and checks that the leader speaks only for the
 // ranks of its roster.
@@ -35,7 +35,8 @@ void ControlChannel::takeLinkFrames(size_t index, std::vector<FromWorker>& frame
                              " sent rank 0 a malformed relay frame: " + e.what());
     }
     for (Relayed& item : items) {
-      if (link_of_[item.rank] != static_cast<int>(index) || item.rank == link.rank) {
+      // Its own frames come this way too.
+      if (link_of_[item.rank] != static_cast<int>(index) || (item.closed && item.rank == link.rank)) {
         throw transportFailure("host leader rank " + std::to_string(link.rank) + " relayed a frame of rank " +
                                std::to_string(item.rank) + ", which is not among its host's ranks " +
                                rankList(link.roster));
@@ -101,26 +102,32 @@ bool ControlChannel::readFromCoordinator(std::vector<std::string>& frames) {
   return open;
 }
 
-void ControlChannel::relayUp() {
+void ControlChannel::relayUp(const std::string* own) {
   std::vector<Relayed> items;
   size_t bytes = 0;
+  bool lost = false;
   auto send = [&] {
     if (items.empty()) return;
-    relayed_ += items.size();
     // Rank 0 gone: the read that follows finds it closed.
     if (to_coordinator_) {
       try {
         to_coordinator_->send(encodeRelay(items));
       } catch (const StatusError&) {
+        lost = true;
       }
     }
     items.clear();
     bytes = 0;
   };
+  if (own != nullptr) {
+    items.push_back({topology_.rank, false, *own});
+    bytes = own->size();
+  }
   for (Link& link : links_) {
     if (!link.sock) continue;
     std::vector<std::string> frames;
     const bool open = link.sock->readAvailable(frames);
+    relayed_ += frames.size() + (open ? 0 : 1);
     for (std::string& f : frames) {
       bytes += f.size();
       items.push_back({link.rank, false, std::move(f)});
@@ -132,6 +139,7 @@ void ControlChannel::relayUp() {
     }
   }
   send();
+  if (own != nullptr && (lost || !to_coordinator_)) throw coordinatorLost();
 }
 
 void ControlChannel::relayDown(const std::vector<std::string>& frames) {

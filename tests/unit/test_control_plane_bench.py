@@ -30,11 +30,26 @@ def test_control_plane_scale_runs(tmp_path):
          "--arrivals", "2000", "--new-arrivals", "500", "--json", str(out)],
         capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
-    points = json.loads(out.read_text())["points"]
+    result = json.loads(out.read_text())
+    points = result["points"]
     assert [p["ranks"] for p in points] == [2, 4, 8, 16, 32, 64]
+    per_host = result["per_host"]
+    assert per_host == 8, result
     for p in points:
-        for key in ("cached_us_per_op", "new_us_per_op", "bytes_per_rank", "slot_bytes_per_rank"):
+        for key in ("cached_us_per_op", "new_us_per_op", "bytes_per_rank", "slot_bytes_per_rank",
+                    "star_us_per_new_op", "leaders_us_per_new_op", "star_over_leaders"):
             assert len(p[key]) == 2 and all(v > 0 for v in p[key]), (p["ranks"], key, p[key])
+        # Frames per new op at rank 0, which do not depend on time: one per
+        # rank without leaders; with them, one link per rank of rank 0's host
+        # and per other host's leader, whose relay carries its own frame too.
+        n = p["ranks"]
+        hosts = -(-n // per_host)
+        local = min(n, per_host) - 1
+        assert p["star_reads_per_new_op"] == p["star_frames_per_new_op"] == n - 1, p
+        assert p["star_writes_per_new_op"] == n - 1, p
+        assert p["leaders_reads_per_new_op"] == local + hosts - 1, p
+        assert p["leaders_writes_per_new_op"] == local + hosts - 1, p
+        assert p["leaders_frames_per_new_op"] == local + hosts - 1, p
     assert "    64  " in run.stdout, run.stdout  # the table's last row
 
 
