@@ -18,22 +18,40 @@
 //              decodeWorkerFrame of each), and the response goes once to
 //              each of rank 0's host's ranks and once to each leader
 //           A send is what FrameSocket::send costs before the kernel: the
-//           frame appended, after its length, to the link's outbox. What the
-//           kernel adds per read and per write (the syscalls, the copies) is
-//           not measured: the table counts them instead.
+//           frame appended, after its length, to the link's outbox.
+//   kernel: what the kernel adds to a new op, both ways, over real sockets
+//           (--sockets: TCP on loopback, as rank 0's links to other hosts
+//           are, or AF_UNIX pairs): the other ranks' ends write the very
+//           frames the way above decoded, then, timed, rank 0 recv()s every
+//           link until EAGAIN into a 64 KiB buffer (FrameSocket::readAvailable)
+//           and send()s the response frame that way encoded, after its
+//           length, on every link; the other ends' reads are not timed. Up
+//           to the N whose 2 (N - 1) descriptors the file limit allows.
 //   memory: bytes the coordinator holds (mallinfo2's in-use bytes, before
 //           and after), per simulated rank: at steady state with --ops names
 //           cached, and per rank per added cache slot
 // and checks every response while it measures. The ranks' frames are encoded
 // before the clock starts: only rank 0's work is timed. Prints a table; --json
 // writes the figures for bench/control_plane_plot.py.
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <malloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,6 +76,8 @@ struct Options {
   int reps = 5;       // fresh coordinators per N
   long arrivals = 200000;  // per timed cached set: steps = arrivals / (N x ops)
   long new_arrivals = 100000;  // per timed set of new ops
+  long kernel_arrivals = 20000;  // per timed kernel set: frames rank 0 reads, star way
+  bool tcp = true;               // --sockets tcp (loopback) or unix (socketpair)
   std::string json;
 };
 
@@ -200,8 +220,10 @@ void feed(Coordinator& c, const std::string& frame, int rank) {
 // leader speaks only for its own host, as ControlChannel::takeLinkFrames
 // does), feed the coordinator, encode its response once and append it to
 // every link's outbox (FrameSocket::send before its flush, whose erase the
-// clear() stands for). Returns the new slot.
-int32_t newWithFrames(Coordinator& c, int n, const Incoming& in, std::vector<std::string>& outboxes) {
+// clear() stands for). Returns the new slot; the response frame is left in
+// `response`, for the kernel's part.
+int32_t newWithFrames(Coordinator& c, int n, const Incoming& in, std::vector<std::string>& outboxes,
+                      std::string& response) {
   Arrival mine;
   mine.rank = 0;
   mine.request = in.own;
@@ -217,13 +239,14 @@ int32_t newWithFrames(Coordinator& c, int n, const Incoming& in, std::vector<std
   }
   const std::vector<Response> out = c.takeReady();
   const int32_t slot = checkNew(out, in.own);
-  const std::string frame = encodeResponses(out);
+  std::string frame = encodeResponses(out);
   const uint32_t length = static_cast<uint32_t>(frame.size());
   for (std::string& box : outboxes) {
     box.append(reinterpret_cast<const char*>(&length), sizeof length);
     box += frame;
   }
   for (std::string& box : outboxes) box.clear();
+  response = std::move(frame);
   return slot;
 }
 
@@ -256,35 +279,231 @@ struct Point {
   std::vector<double> leaders_us;
   std::vector<double> star_over_leaders;  // per rep: the same coordinator's two
   FrameCounts star, leaders;
+  // The kernel's part of a new op, per rep; empty above the descriptor limit.
+  std::vector<double> kernel_star_us, kernel_leaders_us;  // thread CPU time
+  std::vector<double> kernel_star_wall_us, kernel_leaders_wall_us;
+  std::vector<double> kernel_star_over_leaders;
+  int kernel_new_ops = 0;
   std::vector<double> bytes_per_rank;       // steady state, ops names cached
   std::vector<double> slot_bytes_per_rank;  // each further cache slot
   int steps = 0;
   int new_ops = 0;
 };
 
+// One way's new ops: the frames rank 0 read for each and the response frame
+// it sent, kept for the kernel's part.
+struct WayFrames {
+  std::vector<Incoming> ops;
+  std::vector<std::string> responses;
+};
+
 // `count` new names, each with the frames `make` gives it, made before the
 // clock starts; returns rank 0's CPU µs per new op.
 template <typename Make>
 double timeWithFrames(Coordinator& c, int n, int count, const char* kind, int rep, size_t links,
-                      Make make) {
-  std::vector<Incoming> ops;
-  for (int i = 0; i < count; ++i) ops.push_back(make(gradient(opName(kind, rep * 1000 + i))));
+                      Make make, WayFrames& way) {
+  way.ops.clear();
+  for (int i = 0; i < count; ++i) way.ops.push_back(make(gradient(opName(kind, rep * 1000 + i))));
+  way.responses.assign(way.ops.size(), std::string());
   // Each link's outbox has room already, as a connection's does after its
   // first frames.
   std::vector<std::string> outboxes(links);
   for (std::string& box : outboxes) box.reserve(512);
   const double t0 = cpuSeconds();
-  for (const Incoming& in : ops) newWithFrames(c, n, in, outboxes);
+  for (size_t i = 0; i < way.ops.size(); ++i)
+    newWithFrames(c, n, way.ops[i], outboxes, way.responses[i]);
   return (cpuSeconds() - t0) * 1e6 / count;
 }
 
-void measure(const Options& o, int n, Point& p) {
+// Rank 0's links as sockets, for the kernel's part: rank0[i] is rank 0's end
+// of link i, non-blocking as FrameSocket's is, peer[i] the other rank's
+// (blocking). TCP links are made as FrameSocket's are (loopback, TCP_NODELAY
+// on both ends) and closed with a reset, so that thousands of them per N
+// leave no TIME_WAIT behind to use up the ephemeral ports of the next N.
+class Links {
+ public:
+  Links(bool tcp, size_t count) : tcp_(tcp) {
+    int listener = -1;
+    sockaddr_in addr{};
+    socklen_t len = sizeof addr;
+    if (tcp_) {
+      listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+          ::listen(listener, SOMAXCONN) != 0 ||
+          ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+        fail(std::string("cannot listen on loopback: ") + std::strerror(errno));
+    }
+    for (size_t i = 0; i < count; ++i) {
+      int mine = -1, theirs = -1;
+      if (tcp_) {
+        theirs = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (theirs < 0 || ::connect(theirs, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+            (mine = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC)) < 0)
+          fail("link " + std::to_string(i) + " did not connect: " + std::strerror(errno));
+        const int one = 1;
+        ::setsockopt(mine, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        ::setsockopt(theirs, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      } else {
+        int pair[2];
+        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
+          fail("socketpair " + std::to_string(i) + ": " + std::strerror(errno));
+        mine = pair[0];
+        theirs = pair[1];
+      }
+      ::fcntl(mine, F_SETFL, ::fcntl(mine, F_GETFL) | O_NONBLOCK);
+      rank0.push_back(mine);
+      peer.push_back(theirs);
+    }
+    if (listener >= 0) ::close(listener);
+  }
+  ~Links() {
+    const linger reset{1, 0};
+    for (size_t i = 0; i < rank0.size(); ++i) {
+      if (tcp_) ::setsockopt(peer[i], SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+      ::close(peer[i]);
+      ::close(rank0[i]);
+    }
+  }
+  Links(const Links&) = delete;
+  Links& operator=(const Links&) = delete;
+
+  std::vector<int> rank0, peer;
+
+ private:
+  bool tcp_;
+};
+
+// A frame as it crosses a link: its length, then its bytes (FrameSocket::send).
+std::string onWire(const std::string& frame) {
+  const uint32_t length = static_cast<uint32_t>(frame.size());
+  std::string wire(reinterpret_cast<const char*>(&length), sizeof length);
+  return wire + frame;
+}
+
+// What each of rank 0's links carries to it for one new op, in link order:
+// the direct ranks' frames, then the leaders' relay frames.
+std::vector<std::string> linkFrames(const Incoming& in) {
+  std::vector<std::string> wires;
+  for (const auto& [rank, frame] : in.direct) wires.push_back(onWire(frame));
+  for (const Incoming::Leader& leader : in.leaders) wires.push_back(onWire(leader.relay));
+  return wires;
+}
+
+void writeAll(int fd, const std::string& bytes) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    const ssize_t w = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail(std::string("a rank's write failed: ") + std::strerror(errno));
+    off += static_cast<size_t>(w);
+  }
+}
+
+// Until `bytes` wait in the socket's receive queue: the timed reads then find
+// every frame whole, as rank 0's do when poll() has said so.
+void awaitQueued(int fd, size_t bytes) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int queued = 0;;) {
+    if (::ioctl(fd, FIONREAD, &queued) != 0) fail(std::string("FIONREAD: ") + std::strerror(errno));
+    if (static_cast<size_t>(queued) >= bytes) return;
+    if (std::chrono::steady_clock::now() > deadline) fail("a rank's frame did not reach rank 0");
+    pollfd p{fd, POLLIN, 0};
+    ::poll(&p, 1, 1);
+  }
+}
+
+struct KernelTimes {
+  double cpu_us = 0;   // per new op, thread CPU time (the syscalls' included)
+  double wall_us = 0;  // per new op, the wall clock
+};
+
+// The kernel's part of the first `count` new ops of a way, on the first
+// links.rank0 links it needs. Per op, not timed: every other end writes its
+// frame (the bytes the way decoded); timed: rank 0 reads every link until
+// EAGAIN, one 64 KiB buffer as FrameSocket::readAvailable, then sends the
+// response on every link; not timed: the other ends read it back and compare.
+// Over loopback TCP a send() also runs the receiving end's TCP input, in the
+// sender's thread, while rank 0's own input ran when the other ends wrote: per
+// link and op rank 0 is still charged about one transmit and one receive, as
+// over a NIC, whose receive path runs in softirq on rank 0's host.
+KernelTimes timeKernel(const Links& links, const WayFrames& way, size_t count) {
+  char buf[65536];
+  double cpu = 0, wall = 0;
+  std::string back;
+  for (size_t k = 0; k < count; ++k) {
+    const std::vector<std::string> in = linkFrames(way.ops[k]);
+    const std::string out = onWire(way.responses[k]);
+    if (in.size() > links.rank0.size()) fail("fewer links than a way needs");
+    size_t expected = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      writeAll(links.peer[i], in[i]);
+      expected += in[i].size();
+    }
+    for (size_t i = 0; i < in.size(); ++i) awaitQueued(links.rank0[i], in[i].size());
+    size_t got = 0, sent = 0;
+    const double c0 = cpuSeconds();
+    const auto w0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < in.size(); ++i) {
+      for (;;) {
+        const ssize_t r = ::recv(links.rank0[i], buf, sizeof buf, 0);
+        if (r > 0) {
+          got += static_cast<size_t>(r);
+        } else if (r < 0 && errno == EINTR) {
+          continue;
+        } else {
+          break;  // EAGAIN: read out; anything else fails the count below
+        }
+      }
+    }
+    for (size_t i = 0; i < in.size(); ++i) {
+      const ssize_t w = ::send(links.rank0[i], out.data(), out.size(), MSG_NOSIGNAL);
+      if (w > 0) sent += static_cast<size_t>(w);
+    }
+    wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    cpu += cpuSeconds() - c0;
+    if (got != expected)
+      fail("rank 0 read " + std::to_string(got) + " bytes, not " + std::to_string(expected));
+    if (sent != out.size() * in.size()) fail("rank 0's response did not fit in a socket's buffer");
+    for (size_t i = 0; i < in.size(); ++i) {
+      back.resize(out.size());
+      const ssize_t r = ::recv(links.peer[i], back.data(), back.size(), MSG_WAITALL);
+      if (r != static_cast<ssize_t>(back.size()) || back != out)
+        fail("a rank did not read rank 0's response back");
+    }
+  }
+  return {cpu * 1e6 / count, wall * 1e6 / count};
+}
+
+// The two ways take turns going first, rep by rep: neither always pays for
+// the other's cold caches.
+template <typename A, typename B>
+void inTurn(int rep, A&& first, B&& second) {
+  if (rep % 2 == 0) {
+    first();
+    second();
+  } else {
+    second();
+    first();
+  }
+}
+
+// `kernel`: whether this N's links fit in the descriptor limit.
+void measure(const Options& o, int n, bool kernel, Point& p) {
   p.ranks = n;
   p.steps = static_cast<int>(std::max(2L, o.arrivals / (static_cast<long>(n) * o.ops)));
   p.new_ops = static_cast<int>(std::clamp(o.new_arrivals / n, 2L, kMaxNewOps));
   const Hosts hosts{n, o.per_host};
   p.star = starCounts(n);
   p.leaders = leaderCounts(hosts);
+  // Made before the coordinators, so that their heap figures leave them out.
+  std::unique_ptr<Links> links;
+  if (kernel && o.kernel_arrivals > 0) {
+    links = std::make_unique<Links>(o.tcp, static_cast<size_t>(p.star.writes));
+    p.kernel_new_ops =
+        static_cast<int>(std::clamp(o.kernel_arrivals / n, 1L, static_cast<long>(p.new_ops)));
+  }
   for (int rep = 0; rep < o.reps; ++rep) {
     const size_t heap0 = heapInUse();
     {
@@ -313,24 +532,40 @@ void measure(const Options& o, int n, Point& p) {
 
       // The two ways alternate which goes first, so that a drift in the
       // machine or in the coordinator's heap lands on both.
+      WayFrames star_frames, leader_frames;
       auto star = [&] {
         p.star_us.push_back(timeWithFrames(c, n, p.new_ops, "star", rep, p.star.writes,
-                                           [n](const Request& q) { return starFrames(n, q); }));
+                                           [n](const Request& q) { return starFrames(n, q); },
+                                           star_frames));
       };
       auto leaders = [&] {
         p.leaders_us.push_back(
             timeWithFrames(c, n, p.new_ops, "leaders", rep, p.leaders.writes,
-                           [&hosts](const Request& q) { return leaderFrames(hosts, q); }));
+                           [&hosts](const Request& q) { return leaderFrames(hosts, q); },
+                           leader_frames));
       };
-      if (rep % 2 == 0) {
-        star();
-        leaders();
-      } else {
-        leaders();
-        star();
-      }
+      inTurn(rep, star, leaders);
       p.star_over_leaders.push_back(p.star_us.back() / p.leaders_us.back());
       if (c.cacheSize() != static_cast<size_t>(o.ops + 3 * p.new_ops)) fail("cache size is off");
+      if (!links) continue;
+
+      // The kernel's part, of the same frames, in the same order. A
+      // connection's first frames pay for buffers a running job's already
+      // holds: one untimed op over every link first.
+      if (rep == 0) timeKernel(*links, star_frames, 1);
+      const size_t count = static_cast<size_t>(p.kernel_new_ops);
+      auto kernel_star = [&] {
+        const KernelTimes t = timeKernel(*links, star_frames, count);
+        p.kernel_star_us.push_back(t.cpu_us);
+        p.kernel_star_wall_us.push_back(t.wall_us);
+      };
+      auto kernel_leaders = [&] {
+        const KernelTimes t = timeKernel(*links, leader_frames, count);
+        p.kernel_leaders_us.push_back(t.cpu_us);
+        p.kernel_leaders_wall_us.push_back(t.wall_us);
+      };
+      inTurn(rep, kernel_star, kernel_leaders);
+      p.kernel_star_over_leaders.push_back(p.kernel_star_us.back() / p.kernel_leaders_us.back());
     }
   }
 }
@@ -344,7 +579,7 @@ Spread spread(std::vector<double> v) {
   return {v.front(), v[v.size() / 2], v.back()};
 }
 
-void writeJson(const Options& o, const std::vector<Point>& points) {
+void writeJson(const Options& o, int kernel_max_ranks, const std::vector<Point>& points) {
   FILE* f = std::fopen(o.json.c_str(), "w");
   if (!f) fail("cannot write " + o.json);
   auto list = [f](const std::vector<double>& v) {
@@ -354,32 +589,38 @@ void writeJson(const Options& o, const std::vector<Point>& points) {
   };
   std::fprintf(f,
                "{\n  \"bench\": \"control_plane_scale\",\n  \"ops_per_step\": %d,\n  \"reps\": %d,\n"
-               "  \"per_host\": %d,\n",
-               o.ops, o.reps, o.per_host);
+               "  \"per_host\": %d,\n  \"kernel_sockets\": \"%s\",\n  \"kernel_max_ranks\": %d,\n",
+               o.ops, o.reps, o.per_host, o.tcp ? "tcp" : "unix", kernel_max_ranks);
   std::fprintf(f, "  \"points\": [\n");
   for (size_t i = 0; i < points.size(); ++i) {
     const Point& p = points[i];
-    std::fprintf(f, "    {\"ranks\": %d, \"steps\": %d, \"new_ops\": %d,\n     \"cached_us_per_op\": ",
-                 p.ranks, p.steps, p.new_ops);
-    list(p.cached_us);
-    std::fprintf(f, ",\n     \"new_us_per_op\": ");
-    list(p.new_us);
-    std::fprintf(f, ",\n     \"bytes_per_rank\": ");
-    list(p.bytes_per_rank);
-    std::fprintf(f, ",\n     \"slot_bytes_per_rank\": ");
-    list(p.slot_bytes_per_rank);
-    std::fprintf(f, ",\n     \"star_us_per_new_op\": ");
-    list(p.star_us);
-    std::fprintf(f, ",\n     \"leaders_us_per_new_op\": ");
-    list(p.leaders_us);
-    std::fprintf(f, ",\n     \"star_over_leaders\": ");
-    list(p.star_over_leaders);
+    std::fprintf(f, "    {\"ranks\": %d, \"steps\": %d, \"new_ops\": %d", p.ranks, p.steps,
+                 p.new_ops);
+    auto field = [&](const char* name, const std::vector<double>& values) {
+      std::fprintf(f, ",\n     \"%s\": ", name);
+      list(values);
+    };
+    field("cached_us_per_op", p.cached_us);
+    field("new_us_per_op", p.new_us);
+    field("bytes_per_rank", p.bytes_per_rank);
+    field("slot_bytes_per_rank", p.slot_bytes_per_rank);
+    field("star_us_per_new_op", p.star_us);
+    field("leaders_us_per_new_op", p.leaders_us);
+    field("star_over_leaders", p.star_over_leaders);
     std::fprintf(f,
                  ",\n     \"star_reads_per_new_op\": %ld, \"star_frames_per_new_op\": %ld, "
                  "\"star_writes_per_new_op\": %ld,\n     \"leaders_reads_per_new_op\": %ld, "
                  "\"leaders_frames_per_new_op\": %ld, \"leaders_writes_per_new_op\": %ld",
                  p.star.reads, p.star.frames, p.star.writes, p.leaders.reads, p.leaders.frames,
                  p.leaders.writes);
+    if (!p.kernel_star_us.empty()) {
+      std::fprintf(f, ",\n     \"kernel_new_ops\": %d", p.kernel_new_ops);
+      field("kernel_star_us_per_new_op", p.kernel_star_us);
+      field("kernel_leaders_us_per_new_op", p.kernel_leaders_us);
+      field("kernel_star_over_leaders", p.kernel_star_over_leaders);
+      field("kernel_star_wall_us_per_new_op", p.kernel_star_wall_us);
+      field("kernel_leaders_wall_us_per_new_op", p.kernel_leaders_wall_us);
+    }
     std::fprintf(f, "}%s\n", i + 1 < points.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
@@ -401,15 +642,56 @@ Options parse(int argc, char** argv) {
     else if (arg == "--reps") o.reps = std::atoi(value());
     else if (arg == "--arrivals") o.arrivals = std::atol(value());
     else if (arg == "--new-arrivals") o.new_arrivals = std::atol(value());
-    else if (arg == "--json") o.json = value();
+    else if (arg == "--kernel-arrivals") o.kernel_arrivals = std::atol(value());
+    else if (arg == "--sockets") {
+      const std::string kind = value();
+      if (kind != "tcp" && kind != "unix") fail("--sockets is tcp or unix, not " + kind);
+      o.tcp = kind == "tcp";
+    } else if (arg == "--json") o.json = value();
     else fail("unknown option " + arg +
-              " (--min-ranks --max-ranks --ops --per-host --reps --arrivals --new-arrivals --json)");
+              " (--min-ranks --max-ranks --ops --per-host --reps --arrivals --new-arrivals"
+              " --kernel-arrivals --sockets --json)");
   }
   if (o.min_ranks < 2 || o.max_ranks < o.min_ranks || o.ops < 1 || o.ops > kMaxOps || o.reps < 1 ||
-      o.per_host < 1)
+      o.per_host < 1 || o.kernel_arrivals < 0)
     fail("need 2 <= --min-ranks <= --max-ranks, 1 <= --ops <= " + std::to_string(kMaxOps) +
-         ", --per-host >= 1, --reps >= 1");
+         ", --per-host >= 1, --reps >= 1, --kernel-arrivals >= 0");
   return o;
+}
+
+// The file descriptors the kernel's part may use, the soft limit raised to
+// the hard one first: an N whose 2 (N - 1) link ends and kSpareFds (stdio,
+// the listener, the JSON file) do not fit has no kernel columns. Returns the
+// largest N that fits.
+constexpr long kSpareFds = 16;
+
+int kernelMaxRanks() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 0;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  const long fds = static_cast<long>(std::min<rlim_t>(lim.rlim_cur, rlim_t{1} << 30));
+  return static_cast<int>(std::max(0L, (fds - kSpareFds) / 2 + 1));
+}
+
+// "min / median / max" of a column, or "-" where it was not measured.
+std::string spreadText(const std::vector<double>& v) {
+  if (v.empty()) return "-";
+  const Spread s = spread(v);
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f / %.1f / %.1f", s.min, s.median, s.max);
+  return text;
+}
+
+std::string ratioText(const std::vector<double>& v) {
+  if (v.empty()) return "-";
+  const Spread s = spread(v);
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2f (%.2f-%.2f)", s.median, s.min, s.max);
+  return text;
 }
 
 }  // namespace
@@ -423,22 +705,29 @@ int main(int argc, char** argv) {
   // ranks, in thread CPU time): the first rep of each N still does.
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  const int kernel_max_ranks = kernelMaxRanks();
   std::printf("rank 0's control plane, up to %d ranks simulated in one process; %d allreduces per\n"
               "cached step; min / median / max over %d fresh coordinators per row.\n"
               "new op us: the coordinator alone. star, leaders: a new op with its frames (decoded,\n"
               "the response encoded once and queued on every link), every rank linked to rank 0 or\n"
               "host leaders of %d ranks per host; star/leaders: median (min-max) of each\n"
               "coordinator's ratio; frames rank 0 reads (links read, and frames decoded: a leader\n"
-              "sends its own in its relay) and writes per new op, star / leaders\n\n",
-              o.max_ranks, o.ops, o.reps, o.per_host);
-  std::printf("%6s  %-24s %12s  %-24s %12s %12s  %-24s %-24s %-17s %-15s %-15s %-15s\n", "ranks",
-              "cached us/op", "ns/rank/op", "new op us", "B/rank", "B/rank/slot", "star us/new op",
-              "leaders us/new op", "star/leaders", "reads", "frames", "writes");
+              "sends its own in its relay) and writes per new op, star / leaders.\n"
+              "kernel: the same frames over %s sockets, rank 0's recv() of every link until\n"
+              "EAGAIN and send() of the response on every link, thread CPU time per new op (wall:\n"
+              "the medians by the wall clock, star / leaders); up to %d ranks (file descriptors)\n\n",
+              o.max_ranks, o.ops, o.reps, o.per_host, o.tcp ? "TCP loopback" : "AF_UNIX",
+              kernel_max_ranks);
+  std::printf("%6s  %-24s %12s  %-24s %12s %12s  %-24s %-24s %-17s %-15s %-15s %-15s  %-24s %-24s "
+              "%-17s %-17s\n",
+              "ranks", "cached us/op", "ns/rank/op", "new op us", "B/rank", "B/rank/slot",
+              "star us/new op", "leaders us/new op", "star/leaders", "reads", "frames", "writes",
+              "kernel star us/new op", "kernel leaders us/new op", "kernel s/l", "wall s / l");
   std::vector<Point> points;
   try {
     for (int n = o.min_ranks; n <= o.max_ranks; n *= 2) {
       Point p;
-      measure(o, n, p);
+      measure(o, n, n <= kernel_max_ranks, p);
       const Spread c = spread(p.cached_us), w = spread(p.new_us);
       const Spread b = spread(p.bytes_per_rank), s = spread(p.slot_bytes_per_rank);
       const Spread st = spread(p.star_us), le = spread(p.leaders_us);
@@ -452,9 +741,16 @@ int main(int argc, char** argv) {
       std::snprintf(reads, sizeof reads, "%ld / %ld", p.star.reads, p.leaders.reads);
       std::snprintf(frames, sizeof frames, "%ld / %ld", p.star.frames, p.leaders.frames);
       std::snprintf(writes, sizeof writes, "%ld / %ld", p.star.writes, p.leaders.writes);
-      std::printf("%6d  %-24s %12.1f  %-24s %12.0f %12.0f  %-24s %-24s %-17s %-15s %-15s %-15s\n", n,
-                  cached, c.median * 1e3 / n, fresh, b.median, s.median, star, leaders, ratios, reads,
-                  frames, writes);
+      char wall[64] = "-";
+      if (!p.kernel_star_wall_us.empty())
+        std::snprintf(wall, sizeof wall, "%.1f / %.1f", spread(p.kernel_star_wall_us).median,
+                      spread(p.kernel_leaders_wall_us).median);
+      std::printf("%6d  %-24s %12.1f  %-24s %12.0f %12.0f  %-24s %-24s %-17s %-15s %-15s %-15s  %-24s "
+                  "%-24s %-17s %-17s\n",
+                  n, cached, c.median * 1e3 / n, fresh, b.median, s.median, star, leaders, ratios, reads,
+                  frames, writes, spreadText(p.kernel_star_us).c_str(),
+                  spreadText(p.kernel_leaders_us).c_str(), ratioText(p.kernel_star_over_leaders).c_str(),
+                  wall);
       std::fflush(stdout);
       points.push_back(std::move(p));
     }
@@ -463,6 +759,6 @@ int main(int argc, char** argv) {
     // encoding's: say so rather than abort.
     fail(std::string("a frame did not decode: ") + e.what());
   }
-  if (!o.json.empty()) writeJson(o, points);
+  if (!o.json.empty()) writeJson(o, kernel_max_ranks, points);
   return 0;
 }

@@ -35,10 +35,18 @@ def test_control_plane_scale_runs(tmp_path):
     assert [p["ranks"] for p in points] == [2, 4, 8, 16, 32, 64]
     per_host = result["per_host"]
     assert per_host == 8, result
+    # The kernel's part runs over TCP loopback by default, up to the N whose
+    # 2 (N - 1) descriptors fit (far above 64 once the soft limit is raised).
+    assert result["kernel_sockets"] == "tcp", result
+    assert result["kernel_max_ranks"] >= 64, result
     for p in points:
         for key in ("cached_us_per_op", "new_us_per_op", "bytes_per_rank", "slot_bytes_per_rank",
-                    "star_us_per_new_op", "leaders_us_per_new_op", "star_over_leaders"):
+                    "star_us_per_new_op", "leaders_us_per_new_op", "star_over_leaders",
+                    "kernel_star_us_per_new_op", "kernel_leaders_us_per_new_op",
+                    "kernel_star_over_leaders", "kernel_star_wall_us_per_new_op",
+                    "kernel_leaders_wall_us_per_new_op"):
             assert len(p[key]) == 2 and all(v > 0 for v in p[key]), (p["ranks"], key, p[key])
+        assert 1 <= p["kernel_new_ops"] <= p["new_ops"], p
         # Frames per new op at rank 0, which do not depend on time: one per
         # rank without leaders; with them, one link per rank of rank 0's host
         # and per other host's leader, whose relay carries its own frame too.
