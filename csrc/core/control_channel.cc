@@ -30,7 +30,7 @@ void ControlChannel::sendToCoordinator(const std::string& frame) {
     throw coordinatorLost();
   }
   // A leader's own frame goes with its host's, in one relay frame.
-  if (leader_) {
+  if (leader_ && !links_.empty()) {
     relayUp(&frame);
     return;
   }

@@ -133,7 +133,8 @@ class ControlChannel {
   struct Link {
     int rank = 0;
     std::unique_ptr<FrameSocket> sock;
-    std::vector<int> roster;  // rank 0, a host leader's link: the ranks it relays
+    bool leader = false;      // rank 0: another host's leader (relay frames come on it)
+    std::vector<int> roster;  // rank 0, a leader's link: the ranks it relays (may be none)
     int lane = -1;            // a rank of this host: its lane in the host's rings
   };
 

@@ -206,6 +206,7 @@ void ControlChannel::readRosters() {
       }
       link_of_[r] = static_cast<int>(i);
     }
+    link.leader = true;
     link.sock->limitFrames(kMaxControlFrame + kRelayOverhead);
   }
   std::vector<int> unreached;

@@ -23,7 +23,7 @@ void ControlChannel::takeLinkFrames(size_t index, std::vector<FromWorker>& frame
   std::vector<std::string> raw;
   const bool open = link.sock->readAvailable(raw);
   for (std::string& f : raw) {
-    if (link.roster.empty() || !isRelayFrame(f)) {
+    if (!link.leader || !isRelayFrame(f)) {
       if (!dropped(link.rank)) frames.push_back({link.rank, std::move(f)});
       continue;
     }
@@ -64,7 +64,7 @@ void ControlChannel::takeLinkFrames(size_t index, std::vector<FromWorker>& frame
 std::string ControlChannel::lostMessage(int rank) const {
   const int index = link_of_.empty() ? -1 : link_of_[rank];
   if (index < 0 || links_[index].rank == rank) {
-    if (index >= 0 && !links_[index].roster.empty()) {
+    if (index >= 0 && links_[index].leader && !links_[index].roster.empty()) {
       return "rank " + std::to_string(rank) + " (the host leader of ranks " +
              rankList(links_[index].roster) +
              ") exited or lost its connection to the coordinator (rank 0)";

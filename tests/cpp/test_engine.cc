@@ -551,11 +551,11 @@ TEST(an_agreed_job_fails_every_rank_when_one_leaves) {
 
 // Issue #47: across hosts, each host's first rank relays its ranks' control
 // frames, so rank 0 holds one connection per other host; new names (every
-// step's) negotiate through them with the right sums, on 2 hosts of 3 ranks
-// and 3 hosts of 2.
+// step's) negotiate through them with the right sums, on 2 hosts of 3 ranks,
+// 3 hosts of 2, and 3 hosts of 1 (leaders with no ranks to relay).
 TEST(new_names_reach_rank_0_through_host_leaders) {
-  for (int hosts : {2, 3}) {
-    const int n = 6, per = n / hosts;
+  for (auto [n, hosts] : {std::pair{6, 2}, std::pair{6, 3}, std::pair{3, 3}}) {
+    const int per = n / hosts;
     auto job = startJob(n, nullptr, -1, -1, false, "fake", hosts);
     std::vector<std::string> errors(n);
     onEveryRank(*job, [&](int r, Engine& e) {
@@ -563,8 +563,8 @@ TEST(new_names_reach_rank_0_through_host_leaders) {
         auto fresh = allreduce(e, "new." + std::to_string(step), {float(r), 1.f});
         auto cached = allreduce(e, "cached", {float(step)});
         Status a = waitFor(*fresh), b = waitFor(*cached);
-        if (!a.ok() || !b.ok() || fresh->out != std::vector<float>{15.f, 6.f} ||
-            cached->out != std::vector<float>{6.f * step})
+        if (!a.ok() || !b.ok() || fresh->out != std::vector<float>{n * (n - 1) / 2.f, float(n)} ||
+            cached->out != std::vector<float>{float(n * step)})
           errors[r] = "step " + std::to_string(step) + ": " + a.message + b.message;
       }
     });
