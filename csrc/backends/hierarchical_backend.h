@@ -50,6 +50,10 @@ class HierarchicalBackend : public Backend {
   void barrier() override;
   bool reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
                      DataType dtype, ReduceOp op, double prescale, double postscale) override;
+  void abort() override {
+    for (Backend* b : {local_.get(), leaders_.get(), all_.get()})
+      if (b) b->abort();
+  }
 
  private:
   HostLayout layout_;

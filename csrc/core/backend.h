@@ -75,7 +75,9 @@ class Backend {
     return false;
   }
   // Called once the job is known to be broken: a device backend stops work
-  // that waits on the dead peer (it would otherwise spin on the GPU forever).
+  // that waits on the dead peer (it would otherwise spin on the GPU forever);
+  // the shared-memory plane tells this host's peers that wait for this rank
+  // (they would otherwise wait out the op timeout). Unusable after it.
   virtual void abort() {}
 };
 

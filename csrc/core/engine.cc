@@ -766,9 +766,12 @@ void Engine::fail(const Status& status) {
   if (coordinator_ && (status.code == Status::kPeerFailure || status.code == Status::kInternal)) {
     control_.abortAll(status);
   }
-  // Device collectives waiting on a dead peer would spin on the GPU forever.
+  // Device collectives waiting on a dead peer would spin on the GPU forever;
+  // this host's ranks inside a shared-memory collective would wait for this
+  // one until the op timeout.
   if (status.code == Status::kPeerFailure) {
-    sets_.abortDevices();
+    sets_.abortAll();
+    if (backend_) backend_->abort();
   }
   for (auto& [name, e] : pending_) e.work->complete(status);
   pending_.clear();

@@ -84,9 +84,11 @@ Executor& SetRuntimes::executorFor(int32_t id, SetRuntime& rt, Plane plane, int 
   return *rt.device_executor;
 }
 
-void SetRuntimes::abortDevices() {
-  for (auto& [id, rt] : sets_)
+void SetRuntimes::abortAll() {
+  for (auto& [id, rt] : sets_) {
     if (rt.device_plane.backend) rt.device_plane.backend->abort();
+    if (rt.backend) rt.backend->abort();
+  }
 }
 
 std::string SetRuntimes::backendName(int32_t id) const {

@@ -55,8 +55,11 @@ class SetRuntimes {
   SetRuntime* find(int32_t id);
   // The set's executor for `plane`; a device plane is made on first use.
   Executor& executorFor(int32_t id, SetRuntime& rt, Plane plane, int device);
-  // A dead peer: device collectives waiting on it would spin forever.
-  void abortDevices();
+  // A dead peer: device collectives waiting on it would spin forever, and
+  // this host's ranks in a shared-memory collective would wait for this one
+  // until the op timeout (Backend::abort; the global set's backend is the
+  // engine's to abort).
+  void abortAll();
   // "shm", "gloo", "local" for a set this rank is in; "" otherwise. Any thread.
   std::string backendName(int32_t id) const;
 

@@ -94,4 +94,41 @@ TEST(the_budget_is_the_scopes_and_the_longer_one_wins) {
   CHECK(pollBudget(0us) == 0us);
 }
 
+// A rank whose job failed elsewhere abandons the plane: a peer waiting for
+// it in a barrier fails within milliseconds naming it, not at the op timeout
+// (10 s here); one that had reached a barrier before it gave up lets its
+// peer through that barrier, and fails the next.
+TEST(a_rank_that_abandons_fails_its_waiting_peer_at_once_naming_it) {
+  for (bool reached_first : {false, true}) {
+    Pair pair;
+    ShmSync one = pair.sync(1, 0us);
+    std::string error;
+    int passed = 0;
+    std::thread zero([&] {
+      ShmSync sync = pair.sync(0, 0us);
+      try {
+        for (;; ++passed) sync.barrier("allreduce 'x'");
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+    if (reached_first) one.barrier("allreduce 'x'");
+    // Rank 0 waits in its next barrier (asleep, past its spin) before rank 1 gives up.
+    ShmControl* c = pair.control();
+    const uint64_t waiting_at = reached_first ? 2 : 1;
+    const auto give_up = std::chrono::steady_clock::now() + 10s;
+    while (c->arrived()[0].value.load() < waiting_at && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::yield();
+    while (c->sleepers.value.load() == 0 && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::yield();
+    const auto abandoned = std::chrono::steady_clock::now();
+    one.abandon();
+    zero.join();
+    const auto took = std::chrono::steady_clock::now() - abandoned;
+    CHECK_EQ(passed, reached_first ? 1 : 0);
+    CHECK_EQ(error, std::string("rank 1 gave up during allreduce 'x': its job failed (shared memory, same host)"));
+    CHECK(took < 2s);  // the op timeout is 10 s
+  }
+}
+
 int main() { return check::runAll(); }

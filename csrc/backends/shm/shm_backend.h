@@ -50,6 +50,8 @@ class ShmBackend : public Backend {
   void alltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
                  const std::vector<int64_t>& recv_counts, DataType dtype) override;
   void barrier() override;
+  // Peers waiting for this rank fail now, naming it (ShmSync::abandon).
+  void abort() override { sync_.abandon(); }
 
   // The segment's size for `ranks` ranks and slots of slot_bytes.
   static size_t segmentBytes(int ranks, size_t slot_bytes);

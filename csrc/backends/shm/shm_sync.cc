@@ -84,7 +84,8 @@ ShmSync::~ShmSync() {
 bool ShmSync::allReached(uint64_t step) const {
   ShmLine* lines = control_->arrived();
   for (int i = 0; i < size_; ++i) {
-    if (lines[i].value.load(std::memory_order_acquire) < step) return false;
+    // An abandoned rank that had not reached `step` never will.
+    if ((lines[i].value.load(std::memory_order_acquire) & ~ShmControl::kAbandoned) < step) return false;
   }
   return true;
 }
@@ -128,6 +129,12 @@ void ShmSync::barrier(const char* what) {
   }
 }
 
+void ShmSync::abandon() {
+  control_->arrived()[rank_].value.fetch_or(ShmControl::kAbandoned, std::memory_order_acq_rel);
+  control_->epoch.value.fetch_add(1, std::memory_order_acq_rel);
+  futexWakeAll(control_);
+}
+
 void ShmSync::checkPeers(const char* what, std::chrono::steady_clock::time_point deadline) const {
   std::vector<pollfd> fds;
   std::vector<int> who;
@@ -144,9 +151,17 @@ void ShmSync::checkPeers(const char* what, std::chrono::steady_clock::time_point
       }
     }
   }
+  // After the dead: a peer that gave up did so because of a failure, which
+  // a dead peer here is more likely to explain.
+  ShmLine* lines = control_->arrived();
+  for (int i = 0; i < size_; ++i) {
+    if (i != rank_ && (lines[i].value.load(std::memory_order_acquire) & ShmControl::kAbandoned)) {
+      throw std::runtime_error("rank " + std::to_string(ranks_[i]) + " gave up during " + what +
+                               ": its job failed (shared memory, same host)");
+    }
+  }
   if (std::chrono::steady_clock::now() < deadline) return;
   std::string late;
-  ShmLine* lines = control_->arrived();
   for (int i = 0; i < size_; ++i) {
     if (lines[i].value.load(std::memory_order_acquire) < step_) {
       late += (late.empty() ? "" : ", ") + std::to_string(ranks_[i]);

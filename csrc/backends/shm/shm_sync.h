@@ -33,7 +33,9 @@ struct alignas(64) ShmLine {
 struct ShmControl {
   ShmLine epoch;     // low 32 bits: the futex word, bumped by every arrival
   ShmLine sleepers;  // ranks asleep on the futex (arrivals wake only then)
-  // Followed by one ShmLine per rank: the last barrier it reached.
+  // Followed by one ShmLine per rank: the last barrier it reached, with
+  // kAbandoned set once it gave up (ShmSync::abandon).
+  static constexpr uint64_t kAbandoned = uint64_t{1} << 63;
   ShmLine* arrived() { return reinterpret_cast<ShmLine*>(this + 1); }
   static size_t bytes(int ranks) { return sizeof(ShmControl) + ranks * sizeof(ShmLine); }
 };
@@ -55,9 +57,14 @@ class ShmSync {
   static bool canWatch(const std::vector<int>& pids, int self);
 
   // Returns once every rank has called barrier() as often as this one.
-  // Throws std::runtime_error naming the rank that died or was late.
-  // `what` names the collective for the message.
+  // Throws std::runtime_error naming the rank that died, abandoned the plane
+  // or was late. `what` names the collective for the message.
   void barrier(const char* what);
+  // This rank's job failed (its engine gave up on a peer elsewhere): its
+  // peers' barriers that wait for it throw now, naming it, instead of
+  // waiting out the op timeout for a process that is alive but gone. The
+  // plane is unusable after it.
+  void abandon();
 
  private:
   bool allReached(uint64_t step) const;
