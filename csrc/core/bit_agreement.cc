@@ -69,6 +69,13 @@ int BitAgreement::senderOf(int step) const {
   return -1;
 }
 
+bool BitAgreement::awaits(int peer) const {
+  if (!active_) return false;
+  for (int step = next_step_; step <= log2p_ + 1; ++step)
+    if (senderOf(step) == peer && !have_[0][slotOf(step)]) return true;
+  return false;
+}
+
 void BitAgreement::start(const std::vector<uint64_t>& mine) {
   if (active_) throw std::logic_error("BitAgreement::start during round " + std::to_string(round_));
   if (mine.size() != layout_.total())

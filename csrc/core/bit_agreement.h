@@ -84,6 +84,10 @@ class BitAgreement {
   void takeSends(std::vector<std::pair<int, AgreementMessage>>& out);
   // A peer has begun the round after this one (its message waits here).
   bool peerStartedNext() const;
+  // The round under way still waits for a message from `peer`. A peer that
+  // left after sending what this round needs from it holds nothing up: the
+  // result it would get back is its own loss.
+  bool awaits(int peer) const;
   // The combined vector of the last finished round.
   const std::vector<uint64_t>& result() const { return result_; }
 

@@ -164,7 +164,11 @@ void Engine::progressRounds() {
   if (coordinator_gone_ && stuck) {
     throw control_.coordinatorLost();
   }
-  if (gone_partner_ >= 0 && (agreement_->active() || rounds_->waiting() > 0)) {
+  // A partner that left after its last message of this round (a rank that
+  // finished the job's last op first) holds nothing up.
+  const bool needed = agreement_->active() ? agreement_->awaits(gone_partner_)
+                                           : rounds_->waiting() > 0;
+  if (gone_partner_ >= 0 && needed) {
     const Status why = control_.diagnosePeerFailure();
     if (!why.ok()) throw StatusError(why);
     throw transportFailure("rank " + std::to_string(gone_partner_) +

@@ -197,6 +197,40 @@ TEST(a_round_needs_no_one_but_the_rank_that_starts_it_to_begin) {
   }
 }
 
+// awaits(p): the round under way still needs a message from p. On 6 ranks
+// (P = 4, ranks 4 and 5 extra), rank 1 hears from 5 (step 0), 0 (step 1) and
+// 3 (step 2); once a sender's message is in, its leaving holds nothing up,
+// which is what lets a rank finish the job's last round after a partner that
+// finished first has exited. Between rounds nothing is awaited.
+TEST(a_round_awaits_only_the_senders_it_has_not_heard_from) {
+  AgreementLayout l{1, 0, 0};
+  BitAgreement one(6, 1, l);
+  CHECK(!one.awaits(0));
+  one.start({1});
+  for (int p : {0, 3, 5}) CHECK(one.awaits(p));
+  for (int p : {2, 4}) CHECK(!one.awaits(p));
+  auto from = [&](int sender, uint8_t step) {
+    AgreementMessage m;
+    m.round = 1;
+    m.step = step;
+    m.words = {~0ull};
+    CHECK(one.receive(sender, std::move(m)).ok());
+  };
+  from(5, 0);
+  from(0, 1);
+  CHECK(!one.awaits(5));
+  CHECK(!one.awaits(0));
+  CHECK(one.awaits(3));
+  from(3, 2);
+  CHECK(!one.active());
+  CHECK(!one.awaits(3));
+  // An extra rank awaits only its result, from rank r - P.
+  BitAgreement five(6, 5, l);
+  five.start({1});
+  CHECK(five.awaits(1));
+  CHECK(!five.awaits(0));
+}
+
 TEST(messages_per_round_are_logarithmic) {
   for (int n : {2, 3, 8, 9, 1024, 1025, 4096}) {
     int most = 0;

@@ -58,7 +58,9 @@ for step in range(STEPS):
     if r in (4, 5):
         got["host"].append(hvd.allreduce(torch.tensor([float(r + step)]), name="host",
                                          op=hvd.Sum, process_set=host).tolist())
-# Rank 0 negotiates the sets' ops: every rank stays until the last is done.
+# Rank 0 negotiates the sets' ops: every rank stays until the last is done. It is
+# also the job's last op, which a partner that finishes it first exits after: the
+# others' round still completes (BitAgreement::awaits).
 hvd.allreduce(torch.zeros(1), name="done")
 report = dict(rank=r, got=got, links=_C.control_links(), relayed=_C.relayed_frames(),
               plane=_C.control_plane())
