@@ -1,9 +1,9 @@
 // Reading the control channel, and a host leader's relay (issue #47,
 // control_channel.h): a leader hands its host's ranks' frames, and its own,
-// to rank 0 in one relay frame per read or send, each tagged with its rank, and rank 0's frames
-// (every one of which goes to every rank) on to each of its ranks. Rank 0
-// takes a relay frame apart and checks that the leader speaks only for the
-// ranks of its roster.
+// to rank 0 in one relay frame per read or send, each tagged with its rank,
+// and rank 0's frames (every one of which goes to every rank) on to each of
+// its ranks. Rank 0 takes a relay frame apart and checks that the leader
+// speaks only for the ranks of its roster.
 #include <algorithm>
 
 #include "control_channel.h"
@@ -119,22 +119,23 @@ void ControlChannel::relayUp(const std::string* own) {
     items.clear();
     bytes = 0;
   };
-  if (own != nullptr) {
-    items.push_back({topology_.rank, false, *own});
-    bytes = own->size();
-  }
+  // A relay frame holds one entry, or several of at most kRelayBatch bytes
+  // in all: never over rank 0's limit for a leader's frames.
+  auto add = [&](Relayed item) {
+    const size_t size = item.frame.size() + 16;
+    if (!items.empty() && bytes + size > kRelayBatch) send();
+    bytes += size;
+    items.push_back(std::move(item));
+  };
+  if (own != nullptr) add({topology_.rank, false, *own});
   for (Link& link : links_) {
     if (!link.sock) continue;
     std::vector<std::string> frames;
     const bool open = link.sock->readAvailable(frames);
     relayed_ += frames.size() + (open ? 0 : 1);
-    for (std::string& f : frames) {
-      bytes += f.size();
-      items.push_back({link.rank, false, std::move(f)});
-      if (bytes >= kRelayBatch) send();
-    }
+    for (std::string& f : frames) add({link.rank, false, std::move(f)});
     if (!open) {
-      items.push_back({link.rank, true, {}});
+      add({link.rank, true, {}});
       link.sock.reset();
     }
   }
