@@ -45,8 +45,6 @@ class ControlChannel {
   // it. Throws std::runtime_error naming the store and the ranks that never
   // arrived.
   void connect(StoreClient& store, const std::string& prefix);
-  // Frames go through host leaders (connect() decided; rank 0's setting).
-  bool hostLeaders() const { return leaders_; }
   // With host leaders: the ranks of this host and their hub (its leader, or
   // rank 0) move their frames through rings in one segment of the host, as
   // attachRings does for a one-host job (the hub's HVD_TORCH_SHM_CONTROL
@@ -138,9 +136,10 @@ class ControlChannel {
     int lane = -1;            // a rank of this host: its lane in the host's rings
   };
 
-  // control_channel.cc: the handshakes.
-  void connectHub(StoreClient& store, const std::string& prefix, const std::vector<bool>& expected,
-                  const std::string& address, const std::string& key);
+  // control_connect.cc: the handshakes.
+  void connectHub(StoreClient& store, const std::string& prefix, const std::vector<int>& host,
+                  const std::vector<int>& others, const std::string& address, const std::string& key);
+  std::vector<int> hostRanks(StoreClient& store, const std::string& prefix, int cross_rank);
   void connectUpstream(StoreClient& store, const std::string& prefix, const std::string& key,
                        int hub_rank);
   // The rank that said it is `local_rank` of host `cross_rank`.
@@ -158,7 +157,8 @@ class ControlChannel {
   static constexpr size_t kRelayBatch = size_t{1} << 20;
   // `own`: a frame of this rank's to send with its host's (sendToCoordinator).
   void relayUp(const std::string* own = nullptr);
-  void relayDown(const std::vector<std::string>& frames);
+  // Hands frames[first..] (rank 0's) on to each of this host's ranks.
+  void relayDown(const std::vector<std::string>& frames, size_t first);
   void closeHost();
   void takeLinkFrames(size_t index, std::vector<FromWorker>& frames, std::vector<int>& lost);
   bool dropped(int rank) const { return !dropped_.empty() && dropped_[rank]; }

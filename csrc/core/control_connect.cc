@@ -81,69 +81,66 @@ int ControlChannel::rankAt(StoreClient& store, const std::string& prefix, int cr
   return static_cast<int>(rank);
 }
 
+// The ranks that said they are local ranks 1 .. local_size - 1 of host
+// `cross_rank`, by lane (local rank - 1).
+std::vector<int> ControlChannel::hostRanks(StoreClient& store, const std::string& prefix,
+                                           int cross_rank) {
+  std::vector<int> ranks;
+  for (int l = 1; l < topology_.local_size; ++l) ranks.push_back(rankAt(store, prefix, cross_rank, l));
+  return ranks;
+}
+
 // Rank 0: every other rank, or with host leaders its host's ranks and the
 // other hosts' leaders (which then say whose frames they relay).
 void ControlChannel::connectCoordinator(StoreClient& store, const std::string& prefix) {
-  std::vector<bool> expected(topology_.size, false);
-  std::vector<int> lane(topology_.size, -1);
+  std::vector<int> host, others;
   if (!leaders_) {
-    for (int r = 1; r < topology_.size; ++r) expected[r] = true;
+    for (int r = 1; r < topology_.size; ++r) others.push_back(r);
   } else {
-    for (int l = 1; l < topology_.local_size; ++l) {
-      const int r = rankAt(store, prefix, 0, l);
-      lane[r] = l - 1;
-      expected[r] = true;
-    }
-    for (int c = 1; c < topology_.cross_size; ++c) expected[rankAt(store, prefix, c, 0)] = true;
-    if (std::count(expected.begin(), expected.end(), true) !=
-        topology_.local_size - 1 + topology_.cross_size - 1) {
-      throw std::runtime_error(
-          "hvd_torch rendezvous failed on rank 0: two hosts' entries name the same rank "
-          "(HOROVOD_CROSS_RANK, HOROVOD_LOCAL_RANK disagree across ranks)");
-    }
+    host = hostRanks(store, prefix, 0);
+    for (int c = 1; c < topology_.cross_size; ++c) others.push_back(rankAt(store, prefix, c, 0));
   }
   // One host: loopback only. Several: the address peers reach us at (address.h).
   const std::string address =
       topology_.cross_size == 1 ? std::string("127.0.0.1") : localAddress(config_);
-  connectHub(store, prefix, expected, address, "control");
+  connectHub(store, prefix, host, others, address, "control");
   link_of_.assign(topology_.size, -1);
-  for (size_t i = 0; i < links_.size(); ++i) {
-    links_[i].lane = lane[links_[i].rank];
-    link_of_[links_[i].rank] = static_cast<int>(i);
-  }
+  for (size_t i = 0; i < links_.size(); ++i) link_of_[links_[i].rank] = static_cast<int>(i);
   if (leaders_) readRosters();
 }
 
 // A host's leader: its host's ranks first, then rank 0, then its roster.
 void ControlChannel::connectLeader(StoreClient& store, const std::string& prefix) {
   leader_ = true;
-  std::vector<bool> expected(topology_.size, false);
-  std::vector<int> lane(topology_.size, -1);
-  std::vector<int> roster;
-  for (int l = 1; l < topology_.local_size; ++l) {
-    const int r = rankAt(store, prefix, topology_.cross_rank, l);
-    if (expected[r] || r == topology_.rank) {
-      throw std::runtime_error("hvd_torch rendezvous failed on rank " + std::to_string(topology_.rank) +
-                               ": rank " + std::to_string(r) + " is named twice on host " +
-                               std::to_string(topology_.cross_rank) + " (HOROVOD_LOCAL_RANK)");
-    }
-    expected[r] = true;
-    lane[r] = l - 1;
-    roster.push_back(r);
-  }
-  connectHub(store, prefix, expected, localAddress(config_),
+  const std::vector<int> roster = hostRanks(store, prefix, topology_.cross_rank);
+  connectHub(store, prefix, roster, {}, localAddress(config_),
              "leader/" + std::to_string(topology_.cross_rank));
-  for (Link& link : links_) link.lane = lane[link.rank];
   connectUpstream(store, prefix, "control", 0);
   to_coordinator_->send(encodeRoster(roster));
   to_coordinator_->flushBlocking(config_.start_timeout);
 }
 
-// Listens on `address`, publishes it under `key`, and accepts every expected
-// rank (the handshake proves the job's secret both ways), then welcomes them.
+// Listens on `address`, publishes it under `key`, and accepts every rank of
+// `host` (this host's, each with its lane in the host's rings: its index)
+// and of `others` (the handshake proves the job's secret both ways), then
+// welcomes them. A rank named twice, or this rank named, fails the start.
 void ControlChannel::connectHub(StoreClient& store, const std::string& prefix,
-                                const std::vector<bool>& expected, const std::string& address,
-                                const std::string& key) {
+                                const std::vector<int>& host, const std::vector<int>& others,
+                                const std::string& address, const std::string& key) {
+  std::vector<bool> expected(topology_.size, false);
+  std::vector<int> lane(topology_.size, -1);
+  for (size_t i = 0; i < host.size() + others.size(); ++i) {
+    const bool local = i < host.size();
+    const int r = local ? host[i] : others[i - host.size()];
+    if (expected[r] || r == topology_.rank) {
+      throw std::runtime_error("hvd_torch rendezvous failed on rank " + std::to_string(topology_.rank) +
+                               ": rank " + std::to_string(r) +
+                               " is named twice by the hosts' entries (HOROVOD_CROSS_RANK, "
+                               "HOROVOD_LOCAL_RANK disagree across ranks)");
+    }
+    expected[r] = true;
+    if (local) lane[r] = static_cast<int>(i);
+  }
   int port = 0;
   int listen_fd = listenTcp(address, &port);
   ::fcntl(listen_fd, F_SETFL, ::fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
@@ -155,7 +152,7 @@ void ControlChannel::connectHub(StoreClient& store, const std::string& prefix,
   options.secret = config_.secret;
   options.who = me;
   options.deadline = Clock::now() + config_.start_timeout;
-  options.max_pending = 4 * static_cast<size_t>(std::count(expected.begin(), expected.end(), true)) + 64;
+  options.max_pending = 4 * (host.size() + others.size()) + 64;
   std::vector<std::unique_ptr<FrameSocket>> socks;
   try {
     socks = acceptRanks(listen_fd, expected, options, [&](const std::vector<int>& missing) {
@@ -175,6 +172,7 @@ void ControlChannel::connectHub(StoreClient& store, const std::string& prefix,
     Link link;
     link.rank = r;
     link.sock = std::move(socks[r]);
+    link.lane = lane[r];
     links_.push_back(std::move(link));
   }
 }

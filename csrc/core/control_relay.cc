@@ -91,7 +91,7 @@ bool ControlChannel::readFromCoordinator(std::vector<std::string>& frames) {
   const size_t first = frames.size();
   const bool open = to_coordinator_->readAvailable(frames);
   if (leader_) {
-    relayDown(std::vector<std::string>(frames.begin() + first, frames.end()));
+    relayDown(frames, first);
     if (!open) closeHost();  // rank 0 is gone: its ranks learn it as this rank does
   }
   // Rank 0's abort is its last frame. The responses read with it still run
@@ -143,11 +143,12 @@ void ControlChannel::relayUp(const std::string* own) {
   if (own != nullptr && (lost || !to_coordinator_)) throw coordinatorLost();
 }
 
-void ControlChannel::relayDown(const std::vector<std::string>& frames) {
+void ControlChannel::relayDown(const std::vector<std::string>& frames, size_t first) {
+  if (first == frames.size()) return;
   for (Link& link : links_) {
     if (!link.sock) continue;
     try {
-      for (const std::string& f : frames) link.sock->send(f);
+      for (size_t i = first; i < frames.size(); ++i) link.sock->send(frames[i]);
     } catch (const StatusError&) {
       // The rank is gone: relayUp finds its connection closed and tells rank 0.
     }

@@ -166,9 +166,9 @@ void Engine::progressRounds() {
   }
   // A partner that left after its last message of this round (a rank that
   // finished the job's last op first) holds nothing up.
-  const bool needed = agreement_->active() ? agreement_->awaits(gone_partner_)
-                                           : rounds_->waiting() > 0;
-  if (gone_partner_ >= 0 && needed) {
+  const bool needed = gone_partner_ >= 0 && (agreement_->active() ? agreement_->awaits(gone_partner_)
+                                                                 : rounds_->waiting() > 0);
+  if (needed) {
     const Status why = control_.diagnosePeerFailure();
     if (!why.ok()) throw StatusError(why);
     throw transportFailure("rank " + std::to_string(gone_partner_) +
